@@ -1,0 +1,3 @@
+from recprof.cli import main
+
+main()

@@ -1,0 +1,46 @@
+"""The `recprof` command: one typer app whose subcommands live beside the code they drive."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from recprof.errors import RecprofError
+
+app = typer.Typer(
+    name="recprof",
+    help=(
+        "Profile, diagnose and tune distributed training of embedding-heavy recommendation "
+        "models.\n\nTypical flow: `recprof capture -- torchrun ... train.py`, open the HTML "
+        "report it prints, then `recprof tune` to search the knobs it points at."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_commands() -> None:
+    """Import each subcommand where it lives, so `recprof --help` lists them all."""
+    from recprof.analysis.command import analyze
+
+    app.command(no_args_is_help=True)(analyze)
+
+
+_register_commands()
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one red line and exit status 2."""
+    try:
+        app()
+    except RecprofError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
