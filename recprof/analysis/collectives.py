@@ -1,0 +1,118 @@
+"""Collectives: per-instance records on each rank, and per kind x process group over a job.
+
+Bandwidth follows nccl-tests: algbw = bytes / time, busbw = algbw x factor(kind, group size),
+so numbers compare with link rates. An instance's time is its device duration, which on the
+rank that arrived first includes waiting for the others: the bandwidth of a skewed collective
+is low for a reason the skew section explains.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from recprof.analysis.breakdown import ClassUnions
+from recprof.analysis.intervals import IntervalSet
+from recprof.analysis.model import CollectiveSample, CollectiveStats
+from recprof.analysis.windows import Window
+from recprof.trace.model import ActivityClass, RankTrace
+from recprof.trace.vocabulary import COLLECTIVE_KINDS, bus_factor
+
+DEFAULT_GROUP = "default"
+MAX_SAMPLES_PER_JOB = 4000
+
+
+@dataclass
+class CollectiveRecords:
+    """One rank's collective instances inside the analysed windows, in time order."""
+
+    step: np.ndarray  # step number (-1 when the trace has no steps)
+    kind: list[str]
+    group: list[str]
+    nbytes: np.ndarray  # NaN when unknown
+    start: np.ndarray
+    end: np.ndarray
+    exposed_by_key: dict[tuple[str, str], float]
+
+    def __len__(self) -> int:
+        return int(self.start.size)
+
+
+def collective_records(trace: RankTrace, unions: ClassUnions,
+                       windows: list[Window]) -> CollectiveRecords:
+    acts = trace.activities
+    mask = acts.klass == ActivityClass.COMM
+    idx = np.flatnonzero(mask)
+    if windows:
+        bounds = np.array([w.start for w in windows] + [windows[-1].end])
+        which = np.searchsorted(bounds, acts.start[idx], side="right") - 1
+        inside = (which >= 0) & (which < len(windows)) & (acts.start[idx] < bounds[-1])
+        idx, which = idx[inside], which[inside]
+    else:
+        idx, which = idx[:0], idx[:0]
+    numbers = np.array([windows[w].number if windows[w].number is not None else -1
+                        for w in which], dtype=np.int64)
+    kinds = [COLLECTIVE_KINDS[k] if k >= 0 else "unknown" for k in acts.coll_kind[idx]]
+    groups = [trace.names[g] if g >= 0 else DEFAULT_GROUP for g in acts.coll_group[idx]]
+    exposed: dict[tuple[str, str], float] = {}
+    by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for pos, key in enumerate(zip(kinds, groups, strict=True)):
+        by_key[key].append(pos)
+    for key, positions in by_key.items():
+        sel = idx[positions]
+        union = IntervalSet.of(acts.start[sel], acts.end[sel])
+        exposed[key] = union.subtract(unions.compute).total()
+    return CollectiveRecords(step=numbers, kind=kinds, group=groups,
+                             nbytes=acts.coll_bytes[idx], start=acts.start[idx],
+                             end=acts.end[idx], exposed_by_key=exposed)
+
+
+def _gbps(nbytes: float, dur_us: float) -> float:
+    return nbytes / (dur_us * 1e-6) / 1e9 if dur_us > 0 else 0.0
+
+
+def job_collectives(
+    per_rank: dict[int, CollectiveRecords], group_sizes: dict[str, int], world_size: int
+) -> tuple[list[CollectiveStats], list[CollectiveSample]]:
+    """Sum each kind x group over ranks; keep a bounded, evenly spaced set of instances."""
+    acc: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    samples: list[CollectiveSample] = []
+    total_instances = sum(len(r) for r in per_rank.values())
+    stride = max(1, int(np.ceil(total_instances / MAX_SAMPLES_PER_JOB)))
+    seen = 0
+    for rank, records in sorted(per_rank.items()):
+        for key, exposed in records.exposed_by_key.items():
+            acc[key]["exposed"] += exposed
+        for i in range(len(records)):
+            key = (records.kind[i], records.group[i])
+            dur = float(records.end[i] - records.start[i])
+            a = acc[key]
+            a["count"] += 1
+            a["total"] += dur
+            nbytes = float(records.nbytes[i])
+            if not np.isnan(nbytes):
+                a["bytes"] += nbytes
+                a["sized"] += 1
+                a["sized_time"] += dur
+                if seen % stride == 0 and dur > 0:
+                    size = group_sizes.get(key[1], world_size)
+                    alg = _gbps(nbytes, dur)
+                    samples.append(CollectiveSample(rank, key[0], key[1], nbytes, dur, alg,
+                                                    alg * bus_factor(key[0], size)))
+                seen += 1
+    stats = []
+    for (kind, group), a in acc.items():
+        size = group_sizes.get(group, world_size)
+        sized = int(a["sized"])
+        alg = _gbps(a["bytes"], a["sized_time"]) if sized and a["sized_time"] > 0 else None
+        stats.append(CollectiveStats(
+            kind=kind, process_group=group, count=int(a["count"]), total_us=a["total"],
+            exposed_us=a["exposed"], bytes=a["bytes"] if sized else None, sized_count=sized,
+            mean_bytes=a["bytes"] / sized if sized else None, algbw_gbps=alg,
+            busbw_gbps=alg * bus_factor(kind, size) if alg is not None else None,
+            group_size=size,
+        ))
+    stats.sort(key=lambda s: -s.total_us)
+    return stats, samples

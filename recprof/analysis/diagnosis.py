@@ -1,0 +1,557 @@
+"""Diagnosis rules: turn one job's analysis into findings ranked by recoverable time per step.
+
+Every rule, threshold and estimate lives in this module, and docs/diagnosis.md explains each
+in prose; change both together. Rules read a small normalised view of the analysis
+(`JobFacts`, built by `job_facts`) so the numbers a rule uses are visible in one place and the
+rules are testable without a trace.
+
+Conventions shared by all rules:
+
+- "per step" means the mean over the job's ranks of each rank's mean per step: synchronous
+  training moves at the pace of the slowest rank, but the mean is what a reader can check
+  against the breakdown table, and the straggler rule accounts for the spread separately.
+- A finding's `recoverable_us_per_step` is an *upper bound* on what its knobs can win, computed
+  from this job's own numbers; the tuner measures the real gain.
+- Knob names are the trainer's and tuner's contract names (docs/team-contracts.md), so a
+  finding can be pasted into a config or a `recprof tune` search space as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from recprof.analysis.model import JobAnalysis
+
+# --- thresholds (rationale in docs/diagnosis.md) -------------------------------------------
+
+#: Exposed communication of one kind below this share of the step is noise-level: below ~5%
+#: a tuner cannot tell a gain from run-to-run jitter on the machines we measured.
+EXPOSED_COMM_MIN_FRACTION = 0.05
+#: ...and below this absolute time per step a finding is not worth a tuning run.
+EXPOSED_COMM_MIN_US = 200.0
+#: A straggler must cost the others at least this share of the step (and `STRAGGLER_MIN_US`).
+STRAGGLER_MIN_FRACTION = 0.05
+STRAGGLER_MIN_US = 1000.0
+#: Host-to-device copies exposed for at least this share of the step (and `H2D_MIN_US`):
+#: copies are cheap to hide (DBP's H2D stage), so a lower bar than communication.
+H2D_MIN_FRACTION = 0.02
+H2D_MIN_US = 100.0
+#: Idle time (device doing nothing) attributed to the host side, per cause.
+IDLE_MIN_FRACTION = 0.10
+IDLE_MIN_US = 500.0
+#: Small-message fragmentation (FusedRec): a collective kind with at least this many
+#: instances per step, a median message below `SMALL_MESSAGE_BYTES`, and a median achieved
+#: bandwidth below `SMALL_MESSAGE_BW_RATIO` of the best bandwidth the same kind reached in
+#: this job on messages at least `LARGE_MESSAGE_FACTOR` times larger.
+SMALL_MESSAGE_MIN_COUNT = 4.0
+SMALL_MESSAGE_BYTES = 1 << 20
+SMALL_MESSAGE_BW_RATIO = 0.25
+LARGE_MESSAGE_FACTOR = 8.0
+SMALL_MESSAGE_MIN_US = 200.0
+#: Severity by recoverable share of the step.
+SEVERITY_HIGH = 0.20
+SEVERITY_MEDIUM = 0.05
+#: QComms bf16 halves the bytes of an fp32 all-to-all; the estimate assumes the transfer is
+#: bandwidth-bound so time halves too.
+QCOMMS_BF16_SAVING = 0.5
+
+#: Kinds the embedding path sends (keys, embeddings, gradients) and QComms/FWP act on.
+EMBEDDING_KINDS = frozenset({"all_to_all", "all_to_allv", "send_recv"})
+#: Idle-gap causes that mean "the host did not feed the device" (analysis vocabulary).
+DATA_CAUSES = frozenset({"data_loading"})
+LAUNCH_CAUSES = frozenset({"host_bound_launch"})
+
+#: Knobs the tuner searches by default (issue 7); others must be set in the base config.
+TUNER_DEFAULT_SPACE = frozenset({"micro_batches", "hsp_groups", "qcomms", "reshape", "dbp",
+                                 "clustering"})
+
+
+# --- the normalised view the rules read ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """One rank's mean per-step numbers (microseconds)."""
+
+    rank: int
+    step_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    hidden_comm_us: float
+    exposed_h2d_us: float
+    idle_us: float
+    idle_by_cause_us: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CollectiveFacts:
+    """One collective kind x process group, as means per rank per step."""
+
+    kind: str
+    group: str
+    count_per_step: float
+    total_us_per_step: float
+    exposed_us_per_step: float
+    bytes_per_step: float | None
+    median_message_bytes: float | None
+    median_algbw_gbps: float | None
+    #: Best bandwidth this kind reached in this job on messages >= LARGE_MESSAGE_FACTOR x median.
+    large_message_algbw_gbps: float | None
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """Everything the rules look at for one job."""
+
+    job_id: str
+    world_size: int
+    backend: str
+    device_kind: str
+    ranks: list[RankFacts]
+    collectives: list[CollectiveFacts]
+    straggler_rank: int | None
+    straggler_cost_us_per_step: float
+    wait_us_per_step_by_rank: dict[int, float]
+
+    @property
+    def step_us(self) -> float:
+        """Mean step over ranks (the denominator of every percentage)."""
+        return _mean(r.step_us for r in self.ranks)
+
+    def mean(self, name: str) -> float:
+        """Mean over ranks of one `RankFacts` field."""
+        return _mean(getattr(r, name) for r in self.ranks)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosed bottleneck with what it costs and what to try.
+
+    `headline` is the plain-words sentence the report's verdict uses; `evidence` holds this
+    job's numbers; `knobs` are contract names; `tune_command` is a runnable command line.
+    """
+
+    id: str
+    title: str
+    headline: str
+    evidence: list[str]
+    estimate: str
+    recoverable_us_per_step: float
+    recoverable_fraction: float
+    knobs: list[str]
+    tune_command: str | None
+    severity: str
+    advice: str = ""
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return sum(items) / len(items) if items else 0.0
+
+
+def _ms(us: float) -> str:
+    """Human time: ms with sensible precision, seconds past 10 s... of a step."""
+    if us >= 1_000_000:
+        return f"{us / 1e6:.2f} s"
+    if us >= 10_000:
+        return f"{us / 1e3:.0f} ms"
+    if us >= 1000:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us / 1e3:.2f} ms"
+
+
+def _pct(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole > 0 else 0.0
+
+
+def _severity(fraction: float) -> str:
+    if fraction >= SEVERITY_HIGH:
+        return "high"
+    if fraction >= SEVERITY_MEDIUM:
+        return "medium"
+    return "low"
+
+
+def _kind_words(kind: str) -> str:
+    return kind.replace("_", "-")
+
+
+def tune_command(facts: JobFacts, knobs: Iterable[str]) -> str | None:
+    """The `recprof tune` line that searches `knobs` for a job of this shape.
+
+    Knobs outside the tuner's default space (sharding, fuse_tables, data-loader settings) are
+    fixed in the base config, so the command then names one; None when no knob applies.
+    """
+    knobs = list(knobs)
+    if not knobs:
+        return None
+    searched = [k for k in knobs if k in TUNER_DEFAULT_SPACE]
+    trials = max(8, 4 * len(searched))
+    parts = ["recprof tune", f"--nproc-per-node {max(facts.world_size, 1)}"]
+    if any(k not in TUNER_DEFAULT_SPACE for k in knobs):
+        parts.append("--config base.yaml")
+    parts.append(f"--trials {trials}")
+    return " ".join(parts)
+
+
+def _finding(facts: JobFacts, *, id: str, title: str, headline: str, evidence: list[str],
+             estimate: str, recoverable_us: float, knobs: list[str], advice: str = "") -> Finding:
+    fraction = recoverable_us / facts.step_us if facts.step_us > 0 else 0.0
+    return Finding(
+        id=id, title=title, headline=headline, evidence=evidence, estimate=estimate,
+        recoverable_us_per_step=recoverable_us, recoverable_fraction=fraction, knobs=knobs,
+        tune_command=tune_command(facts, knobs), severity=_severity(fraction), advice=advice,
+    )
+
+
+def _exposed_by_kind(facts: JobFacts) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for c in facts.collectives:
+        out[c.kind] = out.get(c.kind, 0.0) + c.exposed_us_per_step
+    return out
+
+
+def _straggler_wait_mean(facts: JobFacts) -> float:
+    """Mean per-step wait over ranks: time that is exposed because of skew, not transfer."""
+    if not facts.wait_us_per_step_by_rank:
+        return 0.0
+    return _mean(facts.wait_us_per_step_by_rank.get(r.rank, 0.0) for r in facts.ranks)
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
+    """Embedding all-to-all on the critical path: overlap it (FWP, DBP) or shrink it.
+
+    Skew waiting is subtracted first (the straggler rule owns it): overlapping a transfer
+    cannot hide time spent waiting for a late peer.
+    """
+    by_kind = _exposed_by_kind(facts)
+    kinds = sorted(k for k in by_kind if k in EMBEDDING_KINDS and by_kind[k] > 0)
+    if not kinds:
+        return None
+    exposed = sum(by_kind[k] for k in kinds)
+    wait = min(_straggler_wait_mean(facts), exposed)
+    transfer = exposed - wait
+    step = facts.step_us
+    if transfer < EXPOSED_COMM_MIN_US or transfer < EXPOSED_COMM_MIN_FRACTION * step:
+        return None
+    free_compute = max(facts.mean("compute_us") - facts.mean("hidden_comm_us"), 0.0)
+    overlap_gain = min(transfer, free_compute)
+    qcomms_gain = QCOMMS_BF16_SAVING * transfer
+    recoverable = max(overlap_gain, qcomms_gain)
+    names = " and ".join(_kind_words(k) for k in kinds)
+    per_rank = [r.exposed_comm_us / r.step_us for r in facts.ranks if r.step_us > 0]
+    everywhere = bool(per_rank) and min(per_rank) >= EXPOSED_COMM_MIN_FRACTION
+    where = "on every rank" if everywhere else "on average over the ranks"
+    evidence = [
+        f"{names} exposed {_ms(exposed)} per step ({_pct(exposed, step):.0f}% of a "
+        f"{_ms(step)} step) {where}",
+        f"of which {_ms(wait)} is waiting for a late rank and {_ms(transfer)} is transfer "
+        f"not overlapped by compute",
+        f"compute not yet overlapping communication: {_ms(free_compute)} per step",
+    ]
+    estimate = (
+        f"overlap (FWP micro-batches, DBP prefetch) can hide up to {_ms(overlap_gain)} per step "
+        f"(the transfer, capped by free compute); bf16 QComms halves the bytes, about "
+        f"{_ms(qcomms_gain)}; the larger of the two is counted"
+    )
+    return _finding(
+        facts, id="exposed_embedding_comm",
+        title=f"Exposed embedding {names}",
+        headline=(f"{names} is exposed for {_pct(transfer, step):.0f}% of the step "
+                  f"({_ms(transfer)} per step) {where}"),
+        evidence=evidence, estimate=estimate, recoverable_us=recoverable,
+        knobs=["micro_batches", "dbp", "qcomms", "reshape", "hsp_groups"],
+        advice=("micro_batches > 1 with dbp overlaps the all-to-all with dense compute; "
+                "qcomms=bf16/fp16/fp8 and reshape k>1 cut bytes per lookup; hsp_groups keeps "
+                "the all-to-all inside a group (inside a node) when the job spans nodes."),
+    )
+
+
+def rule_exposed_dense_comm(facts: JobFacts) -> Finding | None:
+    """All-reduce / all-gather / reduce-scatter on the critical path (dense or TP sync).
+
+    None of the trainer's knobs overlaps a dense all-reduce, so this finding names the
+    framework-level fix instead of a knob and carries no tune command.
+    """
+    by_kind = _exposed_by_kind(facts)
+    dense = {k: v for k, v in by_kind.items() if k not in EMBEDDING_KINDS and v > 0}
+    if not dense:
+        return None
+    exposed = sum(dense.values())
+    wait = min(max(_straggler_wait_mean(facts) - sum(
+        v for k, v in by_kind.items() if k in EMBEDDING_KINDS), 0.0), exposed)
+    transfer = exposed - wait
+    step = facts.step_us
+    if transfer < EXPOSED_COMM_MIN_US or transfer < EXPOSED_COMM_MIN_FRACTION * step:
+        return None
+    top = max(dense, key=lambda k: dense[k])
+    parts = ", ".join(f"{_kind_words(k)} {_ms(v)}" for k, v in
+                      sorted(dense.items(), key=lambda kv: -kv[1]))
+    free_compute = max(facts.mean("compute_us") - facts.mean("hidden_comm_us"), 0.0)
+    recoverable = min(transfer, free_compute) if free_compute > 0 else 0.5 * transfer
+    return _finding(
+        facts, id="exposed_dense_comm",
+        title=f"Exposed {_kind_words(top)}",
+        headline=(f"{_kind_words(top)} is exposed for {_pct(transfer, step):.0f}% of the step "
+                  f"({_ms(transfer)} per step)"),
+        evidence=[
+            f"exposed per step: {parts} ({_pct(exposed, step):.0f}% of a {_ms(step)} step)",
+            f"of which {_ms(wait)} is attributed to waiting for a late rank",
+            f"compute not yet overlapping communication: {_ms(free_compute)} per step",
+        ],
+        estimate=(f"overlapping it with backward compute can hide up to {_ms(recoverable)} per "
+                  f"step (the transfer, capped by free compute)"),
+        recoverable_us=recoverable, knobs=[],
+        advice=("No recprof trainer knob changes this collective. Overlap it with the backward "
+                "pass (DDP bucketing: bucket_cap_mb, gradient_as_bucket_view; tensor-parallel "
+                "comm/compute overlap) or compress it (bf16 gradient-compression hook)."),
+    )
+
+
+def rule_straggler(facts: JobFacts) -> Finding | None:
+    """One rank arrives late at matched collectives and the others wait for it."""
+    if facts.straggler_rank is None or facts.world_size < 2:
+        return None
+    cost = facts.straggler_cost_us_per_step
+    step = facts.step_us
+    if cost < STRAGGLER_MIN_US or cost < STRAGGLER_MIN_FRACTION * step:
+        return None
+    s = facts.straggler_rank
+    lag = next((r for r in facts.ranks if r.rank == s), None)
+    others = [r for r in facts.ranks if r.rank != s]
+    evidence = [f"rank {s} makes the others wait {_ms(cost)} per step "
+                f"({_pct(cost, step):.0f}% of the step)"]
+    waits = sorted(facts.wait_us_per_step_by_rank.items())
+    if waits:
+        evidence.append("wait per step by rank: " + ", ".join(f"rank {r} {_ms(w)}"
+                                                               for r, w in waits))
+    knobs = ["sharding"]
+    cause = "uneven work"
+    if lag is not None and others:
+        extra_compute = lag.compute_us - _mean(r.compute_us for r in others)
+        extra_idle = lag.idle_us - _mean(r.idle_us for r in others)
+        extra_data = lag.idle_by_cause_us.get("data_loading", 0.0) - _mean(
+            r.idle_by_cause_us.get("data_loading", 0.0) for r in others)
+        evidence.append(f"rank {s} vs the others: compute {extra_compute / 1e3:+.1f} ms, "
+                        f"idle {extra_idle / 1e3:+.1f} ms per step")
+        if extra_data > 0.5 * cost:
+            knobs = ["num_workers", "pin_memory", "sharding"]
+            cause = "input loading on that rank"
+        elif extra_compute > 0.5 * cost:
+            cause = "more compute on that rank (embedding load imbalance?)"
+        elif extra_idle > 0.5 * cost:
+            cause = "host-side delay on that rank (idle device)"
+    return _finding(
+        facts, id="straggler", title=f"Rank {s} is a straggler",
+        headline=f"rank {s} makes the others wait {_ms(cost)} per step",
+        evidence=evidence,
+        estimate=(f"evening out the ranks recovers up to {_ms(cost)} per step, the others' "
+                  f"wait; likely cause: {cause}"),
+        recoverable_us=cost, knobs=knobs,
+        advice=("sharding=row (balanced, by hash) spreads hot embedding rows evenly; check the "
+                "straggler's data loader (num_workers, pin_memory) and host for other load."),
+    )
+
+
+def rule_small_messages(facts: JobFacts) -> Finding | None:
+    """Many small collectives far below the bandwidth the same kind reaches on big messages."""
+    best: Finding | None = None
+    for c in facts.collectives:
+        if (c.count_per_step < SMALL_MESSAGE_MIN_COUNT or c.median_message_bytes is None
+                or c.median_message_bytes >= SMALL_MESSAGE_BYTES or not c.median_algbw_gbps
+                or not c.large_message_algbw_gbps or not c.bytes_per_step):
+            continue
+        ratio = c.median_algbw_gbps / c.large_message_algbw_gbps
+        if ratio >= SMALL_MESSAGE_BW_RATIO:
+            continue
+        fused_us = c.bytes_per_step / (c.large_message_algbw_gbps * 1e3)  # GB/s -> bytes/us
+        recoverable = min(max(c.total_us_per_step - fused_us, 0.0), c.exposed_us_per_step)
+        if recoverable < SMALL_MESSAGE_MIN_US:
+            continue
+        name = _kind_words(c.kind)
+        found = _finding(
+            facts, id="small_messages",
+            title=f"Small {name} messages waste bandwidth",
+            headline=(f"{c.count_per_step:.0f} small {name} messages per step reach only "
+                      f"{100 * ratio:.0f}% of the bandwidth larger ones get"),
+            evidence=[
+                f"{name} in group {c.group}: {c.count_per_step:.0f} per step, median "
+                f"{c.median_message_bytes / 1024:.0f} KiB, median {c.median_algbw_gbps:.2f} GB/s",
+                f"the same kind reaches {c.large_message_algbw_gbps:.2f} GB/s on messages >= "
+                f"{LARGE_MESSAGE_FACTOR:.0f}x larger in this job",
+                f"{_ms(c.total_us_per_step)} per step in total, {_ms(c.exposed_us_per_step)} "
+                f"exposed",
+            ],
+            estimate=(f"sent as one message at the large-message bandwidth the same bytes take "
+                      f"{_ms(fused_us)}; the saving counts only exposed time: "
+                      f"{_ms(recoverable)} per step"),
+            recoverable_us=recoverable, knobs=["fuse_tables", "micro_batches"],
+            advice=("fuse_tables=true sends one all-to-all per embedding dimension instead of "
+                    "one per table; fewer micro_batches make each message larger."),
+        )
+        if best is None or found.recoverable_us_per_step > best.recoverable_us_per_step:
+            best = found
+    return best
+
+
+def rule_exposed_h2d(facts: JobFacts) -> Finding | None:
+    """Host-to-device input copies not overlapped by compute."""
+    exposed = facts.mean("exposed_h2d_us")
+    step = facts.step_us
+    if exposed < H2D_MIN_US or exposed < H2D_MIN_FRACTION * step:
+        return None
+    return _finding(
+        facts, id="exposed_h2d", title="Exposed host-to-device copies",
+        headline=(f"host-to-device copies are exposed for {_pct(exposed, step):.0f}% of the "
+                  f"step ({_ms(exposed)} per step)"),
+        evidence=[f"exposed H2D copy {_ms(exposed)} per step, mean over ranks "
+                  f"({_pct(exposed, step):.1f}% of a {_ms(step)} step)"],
+        estimate=(f"copying the next batch on its own stream while this one computes (DBP) "
+                  f"hides up to {_ms(exposed)} per step"),
+        recoverable_us=exposed, knobs=["dbp", "pin_memory", "num_workers"],
+        advice="dbp=true prefetches into pinned memory and copies on a separate stream.",
+    )
+
+
+def rule_host_idle(facts: JobFacts) -> Finding | None:
+    """The device sits idle because the host is late: data loading or kernel launch."""
+    step = facts.step_us
+    data = _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in DATA_CAUSES)
+                 for r in facts.ranks)
+    launch = _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in LAUNCH_CAUSES)
+                   for r in facts.ranks)
+    host = data + launch
+    if host < IDLE_MIN_US or host < IDLE_MIN_FRACTION * step:
+        return None
+    if data >= launch:
+        knobs = ["num_workers", "pin_memory", "dbp"]
+        what = "waiting for input data"
+        advice = ("Raise the data loader's num_workers, set pin_memory=true, and let dbp "
+                  "prefetch the next batch.")
+    else:
+        knobs = ["fuse_tables"]
+        what = "waiting for the host to launch work"
+        advice = ("Launch-bound: fuse_tables=true merges per-table lookups into fewer, larger "
+                  "kernels; CUDA graphs or torch.compile cut per-kernel launch cost.")
+    return _finding(
+        facts, id="host_idle", title="Device idle, " + what,
+        headline=(f"the device idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step) "
+                  f"{what}"),
+        evidence=[f"idle per step, mean over ranks: data loading {_ms(data)}, host-bound launch "
+                  f"{_ms(launch)} (all idle: {_ms(facts.mean('idle_us'))})"],
+        estimate=f"feeding the device in time recovers up to {_ms(host)} per step",
+        recoverable_us=host, knobs=knobs, advice=advice,
+    )
+
+
+#: Every rule, in no particular order: findings are ranked by recoverable time.
+RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
+    rule_exposed_embedding_comm,
+    rule_exposed_dense_comm,
+    rule_straggler,
+    rule_small_messages,
+    rule_exposed_h2d,
+    rule_host_idle,
+)
+
+
+def diagnose_facts(facts: JobFacts) -> list[Finding]:
+    """Run every rule and rank what fires by recoverable time per step, largest first."""
+    found = [f for rule in RULES if (f := rule(facts)) is not None]
+    return sorted(found, key=lambda f: -f.recoverable_us_per_step)
+
+
+def diagnose(job: JobAnalysis) -> list[Finding]:
+    """Findings for one analysed job, ranked by recoverable time per step."""
+    return diagnose_facts(job_facts(job))
+
+
+def idle_cause_group(cause: str) -> str:
+    """Map the analyzer's idle-gap cause label onto the groups the rules act on.
+
+    Matched by keyword so a reworded label ("waiting for data loading") still lands in the
+    right group; anything unrecognised is "other" and feeds no rule.
+    """
+    text = cause.lower()
+    if "data" in text or "loader" in text:
+        return "data_loading"
+    if "launch" in text or "host" in text:
+        return "host_bound_launch"
+    if "collective" in text or "comm" in text:
+        return "collective"
+    if "copy" in text or "memcpy" in text:
+        return "copy"
+    return "other"
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def job_facts(job: JobAnalysis) -> JobFacts:
+    """Normalise a `JobAnalysis` into the numbers the rules read (means per rank per step)."""
+    ranks: list[RankFacts] = []
+    for r in job.ranks:
+        n = max(len(r.steps), 1)
+        t = r.totals
+        by_cause: dict[str, float] = {}
+        for cause, us in r.idle_gaps.by_cause_us.items():
+            group = idle_cause_group(cause)
+            by_cause[group] = by_cause.get(group, 0.0) + us / n
+        ranks.append(RankFacts(
+            rank=r.rank, step_us=t.step / n, compute_us=t.compute / n, comm_us=t.comm / n,
+            exposed_comm_us=t.exposed_comm / n, hidden_comm_us=t.hidden_comm / n,
+            exposed_h2d_us=t.exposed_copy_h2d / n, idle_us=t.idle / n,
+            idle_by_cause_us=by_cause,
+        ))
+    rank_steps = max(sum(max(len(r.steps), 1) for r in job.ranks), 1)
+
+    samples_by_key: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    samples_by_kind: dict[str, list[tuple[float, float]]] = {}
+    for smp in job.collective_samples:
+        if smp.bytes > 0 and smp.algbw_gbps > 0:
+            samples_by_key.setdefault((smp.kind, smp.process_group), []).append(
+                (smp.bytes, smp.algbw_gbps))
+            samples_by_kind.setdefault(smp.kind, []).append((smp.bytes, smp.algbw_gbps))
+
+    collectives: list[CollectiveFacts] = []
+    for c in job.collectives:
+        bytes_per_step = None
+        if c.bytes and c.sized_count:
+            bytes_per_step = c.bytes * (c.count / c.sized_count) / rank_steps
+        own = samples_by_key.get((c.kind, c.process_group), [])
+        median_bytes = _percentile([b for b, _ in own], 0.5)
+        median_bw = _percentile([bw for _, bw in own], 0.5)
+        large_bw = None
+        if median_bytes:
+            large = [bw for b, bw in samples_by_kind.get(c.kind, [])
+                     if b >= LARGE_MESSAGE_FACTOR * median_bytes]
+            large_bw = _percentile(large, 0.9)
+        collectives.append(CollectiveFacts(
+            kind=c.kind, group=c.process_group, count_per_step=c.count / rank_steps,
+            total_us_per_step=c.total_us / rank_steps,
+            exposed_us_per_step=c.exposed_us / rank_steps, bytes_per_step=bytes_per_step,
+            median_message_bytes=median_bytes, median_algbw_gbps=median_bw,
+            large_message_algbw_gbps=large_bw,
+        ))
+    skew = job.skew
+    return JobFacts(
+        job_id=job.id, world_size=job.world_size or len(job.ranks), backend=job.backend or "",
+        device_kind=job.device_kind, ranks=ranks, collectives=collectives,
+        straggler_rank=skew.straggler_rank,
+        straggler_cost_us_per_step=skew.straggler_cost_us_per_step,
+        wait_us_per_step_by_rank=dict(skew.wait_us_per_step_by_rank),
+    )

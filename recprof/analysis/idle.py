@@ -1,0 +1,134 @@
+"""Idle gaps: contiguous stretches of a step where the device does nothing, and why.
+
+The cause is read from what the host was doing, in this order of evidence:
+data loading (a DataLoader `__next__` covers most of the gap) > waiting on a collective (a
+collective/wait op covers it, or the next device work is a collective) > waiting on a copy
+(the next device work is a memcpy) > host-bound launch (the next device work was launched
+during the gap, so the device waited for the host) > host overhead (CPU runs: the main
+thread sat in a non-leaf op) > unattributed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from recprof.analysis.breakdown import ClassUnions
+from recprof.analysis.intervals import IntervalSet
+from recprof.analysis.model import IdleGap, IdleGapSummary
+from recprof.analysis.windows import Window
+from recprof.trace.model import ActivityClass, DeviceKind, HostSpans, RankTrace
+
+LARGEST_GAPS_KEPT = 20
+COVER_FRACTION = 0.5  # a host span explains a gap when it covers at least half of it
+
+CAUSES = ("data loading", "waiting on a collective", "waiting on a copy", "host-bound launch",
+          "host overhead", "unattributed")
+
+
+def _covered(spans: HostSpans, start: float, end: float) -> tuple[float, int]:
+    """How much of [start, end) the spans cover, and the index of the longest overlapping one."""
+    if spans.start.size == 0:
+        return 0.0, -1
+    overlap = np.minimum(spans.end, end) - np.maximum(spans.start, start)
+    best = int(np.argmax(overlap))
+    if overlap[best] <= 0:
+        return 0.0, -1
+    union = IntervalSet.of(np.maximum(spans.start, start), np.minimum(spans.end, end))
+    return union.total(), best
+
+
+class _GapExplainer:
+    def __init__(self, trace: RankTrace) -> None:
+        self.trace = trace
+        self.acts = trace.activities
+        self.cpu_run = trace.header.device_kind == DeviceKind.CPU
+
+    def explain(self, start: float, end: float) -> tuple[str, str]:
+        length = end - start
+        names = self.trace.names
+        covered, idx = _covered(self.trace.data_loading, start, end)
+        if covered >= COVER_FRACTION * length:
+            return "data loading", names[self.trace.data_loading.name[idx]]
+        covered, idx = _covered(self.trace.comm_waits, start, end)
+        if covered >= COVER_FRACTION * length:
+            return "waiting on a collective", names[self.trace.comm_waits.name[idx]]
+        if self.cpu_run:
+            return self._explain_cpu(start, end)
+        nxt = int(np.searchsorted(self.acts.start, end - 1e-9, side="left"))
+        if nxt >= len(self.acts):
+            return "unattributed", "no device work follows"
+        klass = int(self.acts.klass[nxt])
+        following = names[self.acts.name[nxt]]
+        if klass == ActivityClass.COMM:
+            return "waiting on a collective", following
+        if klass in (ActivityClass.COPY_H2D, ActivityClass.COPY_D2H, ActivityClass.COPY_D2D):
+            return "waiting on a copy", following
+        launch = float(self.acts.launch[nxt])
+        if not np.isnan(launch) and launch > start:
+            return "host-bound launch", following
+        return "unattributed", following
+
+    def _explain_cpu(self, start: float, end: float) -> tuple[str, str]:
+        ops = self.trace.main_thread_ops
+        mid = (start + end) / 2
+        inside = np.flatnonzero((ops.start <= mid) & (ops.end >= mid))
+        if inside.size == 0:
+            return "unattributed", "no profiled op on the main thread"
+        innermost = inside[np.argmax(ops.start[inside])]
+        return "host overhead", self.trace.names[ops.name[innermost]]
+
+
+def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> IdleGapSummary:
+    """Every idle gap inside the analysed windows, summarised; the largest kept with causes."""
+    explainer = _GapExplainer(trace)
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    owners: list[np.ndarray] = []
+    for i, window in enumerate(windows):
+        gaps = unions.busy.complement_within(window.start, window.end)
+        starts.append(gaps.starts)
+        ends.append(gaps.ends)
+        owners.append(np.full(len(gaps), i))
+    if not starts or not sum(len(s) for s in starts):
+        return IdleGapSummary()
+    gap_start, gap_end = np.concatenate(starts), np.concatenate(ends)
+    owner = np.concatenate(owners)
+    durations = gap_end - gap_start
+    order = np.argsort(-durations, kind="stable")
+    by_cause: dict[str, float] = {}
+    largest: list[IdleGap] = []
+    # Causes for every gap would cost a host scan each; explain the gaps that make up most of
+    # the idle time (all of them up to a cap), and book the small remainder as unexplained.
+    budget = 2000
+    for rank_in_size, g in enumerate(order):
+        dur = float(durations[g])
+        if rank_in_size < budget:
+            cause, detail = explainer.explain(float(gap_start[g]), float(gap_end[g]))
+        else:
+            cause, detail = "unattributed", ""
+        by_cause[cause] = by_cause.get(cause, 0.0) + dur
+        if rank_in_size < LARGEST_GAPS_KEPT:
+            largest.append(IdleGap(float(gap_start[g]), dur, windows[owner[g]].number, cause,
+                                   detail[:200]))
+    return IdleGapSummary(
+        count=int(durations.size),
+        total_us=float(durations.sum()),
+        p50_us=float(np.median(durations)),
+        max_us=float(durations.max()),
+        by_cause_us=by_cause,
+        histogram=_log_histogram(durations),
+        largest=largest,
+    )
+
+
+def _log_histogram(durations: np.ndarray) -> list[tuple[float, float, int]]:
+    """Counts per decade-fraction bin: idle gaps span nanoseconds to seconds."""
+    positive = durations[durations > 0]
+    if positive.size == 0:
+        return []
+    lo = np.floor(np.log10(positive.min()) * 4) / 4
+    hi = np.ceil(np.log10(positive.max()) * 4) / 4 + 0.25
+    edges = 10 ** np.arange(lo, hi + 1e-9, 0.25)
+    counts, edges = np.histogram(positive, bins=edges)
+    return [(float(a), float(b), int(c)) for a, b, c in zip(edges[:-1], edges[1:], counts,
+                                                            strict=True) if c]

@@ -1,0 +1,260 @@
+"""The analysis results: plain, JSON-serialisable dataclasses (schema `recprof.analysis/1`).
+
+These are the only thing the report, capture and the tuner read; nothing downstream opens a
+trace file. All times are microseconds; absolute times are Kineto's epoch-based clock
+(`baseTimeNanoseconds/1000 + ts`), so ranks of one job line up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from recprof import __version__
+from recprof.errors import RecprofError
+
+SCHEMA = "recprof.analysis/1"
+
+# The breakdown fields in the order tables show them. compute + exposed_* + idle == step.
+METRICS = (
+    "step", "compute", "comm", "exposed_comm", "hidden_comm", "copy_h2d", "exposed_copy_h2d",
+    "copy_d2h", "exposed_copy_d2h", "copy_d2d", "exposed_copy_d2d", "exposed_other", "idle",
+)
+PARTITION = ("compute", "exposed_comm", "exposed_copy_h2d", "exposed_copy_d2h",
+             "exposed_copy_d2d", "exposed_other", "idle")
+
+
+@dataclass
+class StepMetrics:
+    """Where one step's time went (or, for `totals`, the sum over the steps analysed)."""
+
+    number: int | None
+    start_us: float
+    step: float = 0.0
+    compute: float = 0.0
+    comm: float = 0.0
+    exposed_comm: float = 0.0
+    hidden_comm: float = 0.0
+    copy_h2d: float = 0.0
+    exposed_copy_h2d: float = 0.0
+    copy_d2h: float = 0.0
+    exposed_copy_d2h: float = 0.0
+    copy_d2d: float = 0.0
+    exposed_copy_d2d: float = 0.0
+    exposed_other: float = 0.0
+    idle: float = 0.0
+
+    def ratio(self, metric: str) -> float:
+        """Fraction of the step spent in `metric` (0 for an empty step)."""
+        return getattr(self, metric) / self.step if self.step > 0 else 0.0
+
+    @property
+    def exposed_comm_ratio(self) -> float:
+        """Exposed communication over all communication (the number pipelining drives down)."""
+        return self.exposed_comm / self.comm if self.comm > 0 else 0.0
+
+
+@dataclass
+class IdleGap:
+    start_us: float
+    dur_us: float
+    step: int | None
+    cause: str
+    detail: str = ""
+
+
+@dataclass
+class IdleGapSummary:
+    count: int = 0
+    total_us: float = 0.0
+    p50_us: float = 0.0
+    max_us: float = 0.0
+    by_cause_us: dict[str, float] = field(default_factory=dict)
+    histogram: list[tuple[float, float, int]] = field(default_factory=list)  # (lo, hi, count)
+    largest: list[IdleGap] = field(default_factory=list)
+
+
+@dataclass
+class TimelineEvent:
+    lane: int
+    start_us: float  # relative to the timeline's step start
+    dur_us: float
+    category: str  # compute | comm | copy_h2d | copy_d2h | copy_d2d | other
+    name: str
+    collective: str | None = None
+
+
+@dataclass
+class Timeline:
+    """One representative step of one rank, bounded to `MAX_TIMELINE_EVENTS` events."""
+
+    step: int | None
+    start_us: float
+    dur_us: float
+    lanes: list[str]
+    events: list[TimelineEvent]
+    exposed_comm: list[tuple[float, float]]  # (start relative to step, duration)
+    dropped_events: int = 0
+    dropped_us: float = 0.0
+
+
+@dataclass
+class RankAnalysis:
+    rank: int
+    file: str
+    rank_inferred: bool
+    host: str | None
+    steps: list[StepMetrics]
+    totals: StepMetrics
+    idle_gaps: IdleGapSummary
+    timeline: Timeline | None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CollectiveStats:
+    """One collective kind on one process group, summed over the job's ranks."""
+
+    kind: str
+    process_group: str
+    count: int
+    total_us: float
+    exposed_us: float
+    bytes: float | None  # total bytes of the instances whose size is known
+    sized_count: int
+    mean_bytes: float | None
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    group_size: int
+
+
+@dataclass
+class CollectiveSample:
+    """One collective instance, for the bandwidth-versus-message-size scatter."""
+
+    rank: int
+    kind: str
+    process_group: str
+    bytes: float
+    dur_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+@dataclass
+class MatchedCollective:
+    step: int | None
+    kind: str
+    process_group: str
+    index: int  # n-th collective of this kind and group within the step
+    last_rank: int
+    wait_us_by_rank: dict[int, float]
+
+
+@dataclass
+class StepSpread:
+    step: int | None
+    min_us: float
+    max_us: float
+    mean_us: float
+    slowest_rank: int
+
+
+@dataclass
+class SkewAnalysis:
+    """How late each rank arrives at matched collectives, and who the others wait for."""
+
+    matched_count: int = 0
+    straggler_rank: int | None = None
+    straggler_cost_us_per_step: float = 0.0
+    wait_us_by_rank: dict[int, float] = field(default_factory=dict)
+    wait_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
+    last_arrivals_by_rank: dict[int, int] = field(default_factory=dict)
+    blame_us_by_rank: dict[int, float] = field(default_factory=dict)
+    step_spread: list[StepSpread] = field(default_factory=list)
+    matched: list[MatchedCollective] = field(default_factory=list)
+    matched_truncated: int = 0
+
+
+@dataclass
+class JobAnalysis:
+    id: str
+    world_size: int | None
+    backend: str | None
+    device_kind: str
+    device_names: list[str]
+    ranks_missing: list[int]
+    ranks: list[RankAnalysis]
+    collectives: list[CollectiveStats]
+    collective_samples: list[CollectiveSample]
+    skew: SkewAnalysis
+    steps_analysed: list[int]
+    warnings: list[str] = field(default_factory=list)
+
+    def mean_step(self) -> StepMetrics:
+        """Per-step averages over every rank and step: the job's typical step."""
+        total = StepMetrics(number=None, start_us=0.0)
+        steps = [s for r in self.ranks for s in r.steps]
+        for metric in METRICS:
+            setattr(total, metric, sum(getattr(s, metric) for s in steps) / max(len(steps), 1))
+        return total
+
+
+@dataclass
+class AnalysisResult:
+    jobs: list[JobAnalysis]
+    inputs: list[str]
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+    recprof_version: str = __version__
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self),
+                            option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+
+
+def _decode(tp: Any, value: Any) -> Any:
+    """Rebuild a value of type `tp` from its JSON form (dataclasses, lists, dicts, optionals)."""
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _decode(inner[0], value)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _decode(hints[f.name], value[f.name])
+                     for f in dataclasses.fields(tp) if f.name in value})
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_decode(item, v) for v in value]
+    if origin is tuple:
+        return tuple(value)
+    if origin is dict:
+        key_t, val_t = typing.get_args(tp)
+        return {(int(k) if key_t is int else k): _decode(val_t, v) for k, v in value.items()}
+    return value
+
+
+def load_analysis_json(path: Path) -> AnalysisResult:
+    """Read a `recprof analyze --json` document back into dataclasses."""
+    try:
+        doc = orjson.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise RecprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except orjson.JSONDecodeError as exc:
+        raise RecprofError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise RecprofError(f"{path}: not a recprof analysis (schema {found!r}, want {SCHEMA!r})")
+    try:
+        return _decode(AnalysisResult, doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecprofError(f"{path}: malformed analysis document ({exc})") from None

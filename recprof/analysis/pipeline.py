@@ -1,0 +1,188 @@
+"""`analyze_paths`: files and folders in, one `AnalysisResult` out.
+
+Each rank file is read, summarised and dropped before the next (in a process pool when there
+are many), so memory grows with the number of ranks' summaries, never with all ranks' events.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from recprof.analysis.breakdown import ClassUnions, step_metrics, sum_metrics
+from recprof.analysis.collectives import CollectiveRecords, collective_records, job_collectives
+from recprof.analysis.idle import idle_gaps
+from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
+from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis
+from recprof.analysis.skew import analyze_skew
+from recprof.analysis.timeline import build_timeline, representative_window
+from recprof.analysis.windows import step_windows
+from recprof.errors import RecprofError
+from recprof.trace import build_rank_trace, read_trace
+from recprof.trace.model import TraceHeader
+from recprof.trace.reader import TraceFileError, is_trace_file
+
+# Ranks whose timeline is kept (plus the straggler's); a report cannot show a thousand lanes.
+TIMELINE_RANKS = 16
+PARALLEL_FROM_FILES = 4
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class RankOutcome:
+    header: TraceHeader
+    analysis: RankAnalysis
+    records: CollectiveRecords
+
+
+def discover(paths: Sequence[Path]) -> list[Path]:
+    """Trace files named by `paths`. In a folder, `*.pt.trace.json[.gz]` files win when any
+    exist (a capture run folder also holds manifests and step logs); otherwise every
+    `.json`/`.json.gz` file is taken."""
+    files: list[Path] = []
+    for path in paths:
+        path = Path(path)
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and is_trace_file(p))
+            kineto = [p for p in found if ".pt.trace.json" in p.name]
+            files.extend(kineto or found)
+            if not found:
+                raise RecprofError(f"{path}: folder holds no .json or .json.gz trace files")
+        else:
+            raise RecprofError(f"{path}: no such file or folder")
+    return list(dict.fromkeys(files))
+
+
+def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
+                      keep_timeline: bool = True) -> RankOutcome:
+    """Everything recprof needs from one rank file; the events are dropped on return."""
+    trace = build_rank_trace(read_trace(path))
+    windows, warnings = step_windows(trace)
+    if steps is not None:
+        chosen = [w for w in windows if w.number in steps]
+        if windows and not chosen:
+            warnings.append(f"{path}: none of the requested steps are in this trace")
+        windows = chosen
+    unions = ClassUnions.of(trace)
+    metrics = [step_metrics(unions, w) for w in windows]
+    analysis = RankAnalysis(
+        rank=trace.header.rank if trace.header.rank is not None else -1,
+        file=str(path),
+        rank_inferred=trace.header.rank is None,
+        host=trace.header.host,
+        steps=metrics,
+        totals=sum_metrics(metrics),
+        idle_gaps=idle_gaps(trace, unions, windows),
+        timeline=build_timeline(trace, unions, representative_window(windows))
+        if keep_timeline else None,
+        warnings=trace.warnings + warnings,
+    )
+    return RankOutcome(trace.header, analysis, collective_records(trace, unions, windows))
+
+
+def _analyze_one(args: tuple[Path, frozenset[int] | None]) -> RankOutcome | str:
+    path, steps = args
+    try:
+        return analyze_rank_file(path, steps)
+    except TraceFileError as exc:
+        return str(exc)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        return f"{path}: unreadable trace structure ({type(exc).__name__}: {exc})"
+
+
+def analyze_paths(paths: Sequence[Path], steps: set[int] | None = None,
+                  progress: Progress | None = None, workers: int | None = None) -> AnalysisResult:
+    """Analyse every trace under `paths`, grouped into jobs. Files that cannot be read are
+    listed in `errors`; if none can be read, `RecprofError` says why for each."""
+    files = discover(paths)
+    frozen = frozenset(steps) if steps is not None else None
+    outcomes: list[RankOutcome] = []
+    errors: list[str] = []
+    jobs_args = [(f, frozen) for f in files]
+    n_workers = workers or min(os.cpu_count() or 1, len(files))
+    if len(files) >= PARALLEL_FROM_FILES and n_workers > 1:
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            results = pool.map(_analyze_one, jobs_args, chunksize=4)
+            _collect(results, files, outcomes, errors, progress)
+    else:
+        _collect(map(_analyze_one, jobs_args), files, outcomes, errors, progress)
+    if not outcomes:
+        raise RecprofError("no trace could be analysed:\n  " + "\n  ".join(errors))
+    jobs = _assemble_jobs(outcomes, frozen)
+    warnings = [w for job in jobs for w in job.warnings]
+    return AnalysisResult(jobs=jobs, inputs=[str(p) for p in paths], warnings=warnings,
+                          errors=errors)
+
+
+def _collect(results, files: list[Path], outcomes: list[RankOutcome], errors: list[str],
+             progress: Progress | None) -> None:
+    for done, (path, result) in enumerate(zip(files, results, strict=True), start=1):
+        if isinstance(result, str):
+            errors.append(result)
+        else:
+            rank = result.header.rank
+            if rank is not None and rank >= TIMELINE_RANKS:
+                result.analysis.timeline = None
+            outcomes.append(result)
+        if progress:
+            progress(done, len(files), str(path))
+
+
+def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) -> list[JobAnalysis]:
+    headers = [o.header for o in outcomes]
+    jobs: list[JobAnalysis] = []
+    taken_ids: set[str] = set()
+    for members in group_jobs(headers):
+        ranks, warnings = assign_ranks(headers, members)
+        analyses: list[RankAnalysis] = []
+        records: dict[int, CollectiveRecords] = {}
+        for i in members:
+            outcome = outcomes[i]
+            analyses.append(replace(outcome.analysis, rank=ranks[i]))
+            records[ranks[i]] = outcome.records
+            warnings.extend(outcome.analysis.warnings)
+        analyses.sort(key=lambda r: r.rank)
+        first = headers[members[0]]
+        world = first.world_size
+        present = {r.rank for r in analyses}
+        missing = sorted(set(range(world)) - present) if world else []
+        if missing:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            warnings.append(f"ranks missing: {len(missing)} of {world} ({shown}); cross-rank "
+                            "numbers cover the ranks present only")
+        groups = {name: len(members_) for h in (headers[i] for i in members)
+                  for name, members_ in h.process_groups.items()}
+        stats, samples = job_collectives(records, groups, world or len(analyses))
+        skew = analyze_skew(records, {r.rank: r.steps for r in analyses})
+        _ensure_straggler_timeline(analyses, skew.straggler_rank, steps)
+        device_names = sorted({n for i in members for n in headers[i].device_names})
+        jobs.append(JobAnalysis(
+            id=job_id([headers[i].path for i in members], taken_ids),
+            world_size=world,
+            backend=first.backend,
+            device_kind=first.device_kind.value,
+            device_names=device_names,
+            ranks_missing=missing,
+            ranks=analyses,
+            collectives=stats,
+            collective_samples=samples,
+            skew=skew,
+            steps_analysed=sorted({s.number for r in analyses for s in r.steps
+                                   if s.number is not None}),
+            warnings=warnings,
+        ))
+    return jobs
+
+
+def _ensure_straggler_timeline(analyses: list[RankAnalysis], straggler: int | None,
+                               steps: frozenset[int] | None) -> None:
+    """The straggler's timeline is the one a reader wants most; rebuild it if it was dropped."""
+    for analysis in analyses:
+        if analysis.rank == straggler and analysis.timeline is None:
+            analysis.timeline = analyze_rank_file(Path(analysis.file), steps).analysis.timeline

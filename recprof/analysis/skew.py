@@ -1,0 +1,98 @@
+"""Cross-rank skew: who arrives late at each collective, and what that costs the others.
+
+Collectives are matched across ranks by (step, process group, kind, n-th of that kind in the
+step): the order of collectives is the same on every rank of a correct program, while absolute
+counts can differ at the trace edges. A rank's arrival is the start of its collective; the
+others start early and spin until the last one arrives, so wait = last arrival - own arrival.
+The straggler is the rank whose late arrivals cost the others the most waiting.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from recprof.analysis.collectives import CollectiveRecords
+from recprof.analysis.model import MatchedCollective, SkewAnalysis, StepMetrics, StepSpread
+
+MAX_MATCHED_KEPT = 200
+# Below this share of the mean step, waiting is noise, not a straggler.
+STRAGGLER_MIN_FRACTION = 0.01
+
+Key = tuple[int, str, str, int]
+
+
+def _arrival_keys(records: CollectiveRecords) -> dict[Key, float]:
+    counters: dict[tuple[int, str, str], int] = defaultdict(int)
+    keys: dict[Key, float] = {}
+    for i in range(len(records)):
+        base = (int(records.step[i]), records.group[i], records.kind[i])
+        keys[(*base, counters[base])] = float(records.start[i])
+        counters[base] += 1
+    return keys
+
+
+def analyze_skew(records_by_rank: dict[int, CollectiveRecords],
+                 steps_by_rank: dict[int, list[StepMetrics]]) -> SkewAnalysis:
+    ranks = sorted(records_by_rank)
+    skew = SkewAnalysis(
+        wait_us_by_rank=dict.fromkeys(ranks, 0.0),
+        last_arrivals_by_rank=dict.fromkeys(ranks, 0),
+        blame_us_by_rank=dict.fromkeys(ranks, 0.0),
+    )
+    skew.step_spread = _step_spread(steps_by_rank)
+    n_steps = max((len(s) for s in steps_by_rank.values()), default=0) or 1
+    skew.wait_us_per_step_by_rank = dict.fromkeys(ranks, 0.0)
+    if len(ranks) < 2:
+        return skew
+    arrivals = {rank: _arrival_keys(records_by_rank[rank]) for rank in ranks}
+    shared: dict[Key, list[int]] = defaultdict(list)
+    for rank in ranks:
+        for key in arrivals[rank]:
+            shared[key].append(rank)
+    matched: list[MatchedCollective] = []
+    for key in sorted(shared):
+        present = shared[key]
+        if len(present) < 2:
+            continue
+        starts = np.array([arrivals[r][key] for r in present])
+        last = present[int(np.argmax(starts))]
+        waits = starts.max() - starts
+        for r, w in zip(present, waits, strict=True):
+            skew.wait_us_by_rank[r] += float(w)
+        skew.last_arrivals_by_rank[last] += 1
+        skew.blame_us_by_rank[last] += float(waits.sum()) / (len(present) - 1)
+        matched.append(MatchedCollective(
+            step=key[0] if key[0] >= 0 else None, kind=key[2], process_group=key[1],
+            index=key[3], last_rank=last,
+            wait_us_by_rank={r: float(w) for r, w in zip(present, waits, strict=True)},
+        ))
+    skew.matched_count = len(matched)
+    skew.wait_us_per_step_by_rank = {r: w / n_steps for r, w in skew.wait_us_by_rank.items()}
+    if len(matched) > MAX_MATCHED_KEPT:
+        matched.sort(key=lambda m: -max(m.wait_us_by_rank.values()))
+        skew.matched_truncated = len(matched) - MAX_MATCHED_KEPT
+        matched = sorted(matched[:MAX_MATCHED_KEPT], key=lambda m: (m.step or -1, m.index))
+    skew.matched = matched
+    straggler = max(skew.blame_us_by_rank, key=lambda r: skew.blame_us_by_rank[r])
+    cost = skew.blame_us_by_rank[straggler] / n_steps
+    mean_step = np.mean([s.step for steps in steps_by_rank.values() for s in steps] or [0.0])
+    if cost > STRAGGLER_MIN_FRACTION * mean_step:
+        skew.straggler_rank = straggler
+        skew.straggler_cost_us_per_step = cost
+    return skew
+
+
+def _step_spread(steps_by_rank: dict[int, list[StepMetrics]]) -> list[StepSpread]:
+    by_number: dict[int | None, dict[int, float]] = defaultdict(dict)
+    for rank, steps in steps_by_rank.items():
+        for s in steps:
+            by_number[s.number][rank] = s.step
+    spreads = []
+    for number, durations in sorted(by_number.items(), key=lambda kv: kv[0] or -1):
+        values = np.array(list(durations.values()))
+        slowest = max(durations, key=lambda r: durations[r])
+        spreads.append(StepSpread(number, float(values.min()), float(values.max()),
+                                  float(values.mean()), slowest))
+    return spreads

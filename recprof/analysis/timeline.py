@@ -1,0 +1,71 @@
+"""A bounded timeline of one representative step per rank, for the report.
+
+The representative step is the middle profiled step by number, the same on every rank so the
+ranks' lanes line up. Long traces are bounded by keeping the longest `MAX_TIMELINE_EVENTS`
+events and reporting how many (and how much time) were dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from recprof.analysis.breakdown import ClassUnions
+from recprof.analysis.model import Timeline, TimelineEvent
+from recprof.analysis.windows import Window
+from recprof.trace.model import ActivityClass, RankTrace
+from recprof.trace.vocabulary import COLLECTIVE_KINDS
+
+MAX_TIMELINE_EVENTS = 1500
+MAX_NAME = 160
+_CATEGORY = {
+    ActivityClass.COMPUTE: "compute",
+    ActivityClass.COMM: "comm",
+    ActivityClass.COPY_H2D: "copy_h2d",
+    ActivityClass.COPY_D2H: "copy_d2h",
+    ActivityClass.COPY_D2D: "copy_d2d",
+    ActivityClass.OTHER: "other",
+}
+
+
+def representative_window(windows: list[Window]) -> Window | None:
+    return windows[(len(windows) - 1) // 2] if windows else None
+
+
+def build_timeline(trace: RankTrace, unions: ClassUnions, window: Window | None) -> Timeline | None:
+    if window is None:
+        return None
+    acts = trace.activities
+    start, end = window.start, window.end
+    inside = np.flatnonzero((acts.end > start) & (acts.start < end))
+    clipped_start = np.maximum(acts.start[inside], start)
+    durations = np.minimum(acts.end[inside], end) - clipped_start
+    dropped = 0
+    dropped_us = 0.0
+    if inside.size > MAX_TIMELINE_EVENTS:
+        keep = np.argsort(-durations, kind="stable")[:MAX_TIMELINE_EVENTS]
+        mask = np.zeros(inside.size, dtype=bool)
+        mask[keep] = True
+        dropped = int(inside.size - MAX_TIMELINE_EVENTS)
+        dropped_us = float(durations[~mask].sum())
+        inside, clipped_start, durations = inside[mask], clipped_start[mask], durations[mask]
+    lane_ids = sorted({int(acts.lane[i]) for i in inside})
+    lane_pos = {lane: pos for pos, lane in enumerate(lane_ids)}
+    events = []
+    for j, i in enumerate(inside):
+        kind = int(acts.coll_kind[i])
+        events.append(TimelineEvent(
+            lane=lane_pos[int(acts.lane[i])],
+            start_us=float(clipped_start[j] - start),
+            dur_us=float(durations[j]),
+            category=_CATEGORY[ActivityClass(int(acts.klass[i]))],
+            name=trace.names[acts.name[i]][:MAX_NAME],
+            collective=COLLECTIVE_KINDS[kind] if kind >= 0 else None,
+        ))
+    exposed = unions.comm.clip(start, end).subtract(unions.compute)
+    return Timeline(
+        step=window.number, start_us=start, dur_us=window.length,
+        lanes=[trace.lanes[lane] for lane in lane_ids], events=events,
+        exposed_comm=[(float(s - start), float(e - s))
+                      for s, e in zip(exposed.starts, exposed.ends, strict=True)][:5000],
+        dropped_events=dropped, dropped_us=dropped_us,
+    )

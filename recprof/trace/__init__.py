@@ -1,0 +1,25 @@
+"""Read every Kineto trace generation into one columnar model (`RankTrace`)."""
+
+from recprof.trace.build import build_rank_trace
+from recprof.trace.model import Activities, ActivityClass, DeviceKind, RankTrace, Step
+from recprof.trace.reader import RawTrace, TraceFileError, read_trace
+
+__all__ = [
+    "Activities",
+    "ActivityClass",
+    "DeviceKind",
+    "RankTrace",
+    "RawTrace",
+    "Step",
+    "TraceFileError",
+    "build_rank_trace",
+    "load_rank_trace",
+    "read_trace",
+]
+
+
+def load_rank_trace(path: "str | __import__('pathlib').Path") -> RankTrace:
+    """Read and normalise one trace file."""
+    from pathlib import Path
+
+    return build_rank_trace(read_trace(Path(path)))

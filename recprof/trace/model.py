@@ -1,0 +1,101 @@
+"""The one typed, columnar model every Kineto generation is read into.
+
+A `RankTrace` is what one rank's device did (activities, each with a class, a lane and a
+name), when its steps were, and the few host-side facts that explain idle time. Analyses work
+on numpy columns, never on raw JSON, so a new trace generation only touches `build.py`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class ActivityClass(enum.IntEnum):
+    """What a piece of device activity is, in the precedence order the breakdown uses."""
+
+    COMPUTE = 0
+    COMM = 1
+    COPY_H2D = 2
+    COPY_D2H = 3
+    COPY_D2D = 4
+    OTHER = 5
+
+
+class DeviceKind(str, enum.Enum):
+    CUDA = "cuda"
+    ROCM = "rocm"
+    MTIA = "mtia"
+    CPU = "cpu"
+
+
+@dataclass
+class TraceHeader:
+    """Who wrote the trace: enough to group files into jobs without keeping events."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    start_us: float
+    device_kind: DeviceKind
+    device_names: list[str]
+    host: str | None = None
+    process_groups: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class Activities:
+    """Device activity as parallel columns, sorted by start (absolute microseconds).
+
+    On CPU-only runs the "device" is the main thread (leaf ops = compute) plus the gloo
+    runloop threads (communication).
+    """
+
+    start: np.ndarray
+    end: np.ndarray
+    klass: np.ndarray  # ActivityClass values, int8
+    lane: np.ndarray  # index into RankTrace.lanes
+    name: np.ndarray  # index into RankTrace.names
+    launch: np.ndarray  # host launch time (absolute us) or NaN when unknown
+    coll_kind: np.ndarray  # index into vocabulary.COLLECTIVE_KINDS, -1 for non-comm
+    coll_group: np.ndarray  # index into RankTrace.names for the process group, -1 if unknown
+    coll_bytes: np.ndarray  # message bytes, NaN when unknown
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    def select(self, mask: np.ndarray) -> Activities:
+        return Activities(**{k: getattr(self, k)[mask] for k in self.__dataclass_fields__})
+
+
+@dataclass
+class HostSpans:
+    """Host intervals that explain device idleness (data loading, blocking on comm, launches)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray  # index into RankTrace.names
+
+
+@dataclass
+class Step:
+    number: int
+    name: str
+    start_us: float
+    end_us: float  # the end of the CPU-side ProfilerStep annotation
+
+
+@dataclass
+class RankTrace:
+    header: TraceHeader
+    lanes: list[str]
+    names: list[str]
+    activities: Activities
+    steps: list[Step]
+    data_loading: HostSpans
+    comm_waits: HostSpans
+    main_thread_ops: HostSpans  # every main-thread op: explains gaps on CPU-only runs
+    warnings: list[str] = field(default_factory=list)

@@ -1,0 +1,81 @@
+"""Read one Kineto trace file into memory, turning every way a file can be broken into one
+`TraceFileError` that names the file.
+
+Kineto files come as `.json` or `.json.gz`, wrapped (`{"traceEvents": [...]}`) or, in 2021
+generations, as a bare array. orjson parses them about 5x faster than the standard library,
+which matters when a job has a thousand ranks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from recprof.errors import RecprofError
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+class TraceFileError(RecprofError):
+    """A trace file that cannot be read; the message starts with the file's path."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclass
+class RawTrace:
+    """A parsed file: its events and the top-level metadata beside them."""
+
+    path: Path
+    events: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def is_trace_file(path: Path) -> bool:
+    return path.name.endswith(TRACE_SUFFIXES)
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceFileError(path, f"cannot read ({exc.strerror or exc})") from None
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFileError(path, f"not a valid gzip file ({exc})") from None
+    return data
+
+
+def read_trace(path: Path) -> RawTrace:
+    """Parse a trace file; raise `TraceFileError` for anything that is not a Kineto trace."""
+    data = read_bytes(path)
+    if not data.strip():
+        raise TraceFileError(path, "file is empty")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise TraceFileError(path, f"invalid JSON ({exc})") from None
+    if isinstance(doc, list):
+        events, meta = doc, {}
+    elif isinstance(doc, dict):
+        if "traceEvents" not in doc:
+            raise TraceFileError(path, "JSON has no 'traceEvents' key; not a Kineto trace")
+        events = doc["traceEvents"]
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+    else:
+        raise TraceFileError(path, f"top-level JSON is a {type(doc).__name__}, not a trace")
+    if not isinstance(events, list):
+        raise TraceFileError(path, "'traceEvents' is not a list")
+    if not events:
+        raise TraceFileError(path, "trace holds no events")
+    return RawTrace(path=path, events=events, meta=meta)
