@@ -23,11 +23,39 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+) -> None:
+    """Profile, diagnose and tune distributed training of embedding-heavy recommenders."""
+    if version:
+        from recprof import __version__
+
+        typer.echo(f"recprof {__version__}")
+        raise typer.Exit()
+
+
 def _register_commands() -> None:
     """Import each subcommand where it lives, so `recprof --help` lists them all."""
+    from recprof.capture.command import capture
+
+    app.command(no_args_is_help=True)(capture)
+
     from recprof.analysis.command import analyze
 
     app.command(no_args_is_help=True)(analyze)
+
+    from recprof.report.command import report
+
+    app.command(no_args_is_help=True)(report)
+
+    from recprof.nestpipe.command import train
+
+    app.command()(train)
+
+    from tuner.command import tune
+
+    app.command()(tune)
 
 
 _register_commands()
@@ -38,7 +66,8 @@ def main() -> None:
     try:
         app()
     except RecprofError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        console = Console(stderr=True, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
 
 

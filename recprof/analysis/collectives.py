@@ -46,9 +46,12 @@ def collective_records(trace: RankTrace, unions: ClassUnions,
     mask = acts.klass == ActivityClass.COMM
     idx = np.flatnonzero(mask)
     if windows:
+        # A collective belongs to the step that issued it: the host's launch time is ordered
+        # the same way on every rank, while device start times drift with each rank's lag.
+        issued = np.where(np.isnan(acts.launch[idx]), acts.start[idx], acts.launch[idx])
         bounds = np.array([w.start for w in windows] + [windows[-1].end])
-        which = np.searchsorted(bounds, acts.start[idx], side="right") - 1
-        inside = (which >= 0) & (which < len(windows)) & (acts.start[idx] < bounds[-1])
+        which = np.searchsorted(bounds, issued, side="right") - 1
+        inside = (which >= 0) & (which < len(windows)) & (issued < bounds[-1])
         idx, which = idx[inside], which[inside]
     else:
         idx, which = idx[:0], idx[:0]

@@ -89,7 +89,13 @@ class RankFacts:
 
 @dataclass(frozen=True)
 class CollectiveFacts:
-    """One collective kind x process group, as means per rank per step."""
+    """One collective kind x process group, as means per rank per step.
+
+    The `small_*` fields describe the instances below `SMALL_MESSAGE_BYTES` (from the
+    per-instance samples); `large_message_algbw_gbps` is what the same kind reached in this
+    job on messages at least `LARGE_MESSAGE_FACTOR` times the small ones' median (and at least
+    `SMALL_MESSAGE_BYTES`), the reference the small ones fall short of.
+    """
 
     kind: str
     group: str
@@ -97,10 +103,12 @@ class CollectiveFacts:
     total_us_per_step: float
     exposed_us_per_step: float
     bytes_per_step: float | None
-    median_message_bytes: float | None
-    median_algbw_gbps: float | None
-    #: Best bandwidth this kind reached in this job on messages >= LARGE_MESSAGE_FACTOR x median.
-    large_message_algbw_gbps: float | None
+    small_count_per_step: float = 0.0
+    small_us_per_step: float = 0.0
+    small_bytes_per_step: float = 0.0
+    small_median_bytes: float | None = None
+    small_median_algbw_gbps: float | None = None
+    large_message_algbw_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -364,36 +372,46 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
 
 
 def rule_small_messages(facts: JobFacts) -> Finding | None:
-    """Many small collectives far below the bandwidth the same kind reaches on big messages."""
+    """Many small collectives far below the bandwidth the same kind reaches on big messages.
+
+    FusedRec's observation: per-table all-to-alls of a few KB are latency-bound, so the same
+    bytes sent as fewer, larger messages move at the large-message bandwidth.
+    """
     best: Finding | None = None
     for c in facts.collectives:
-        if (c.count_per_step < SMALL_MESSAGE_MIN_COUNT or c.median_message_bytes is None
-                or c.median_message_bytes >= SMALL_MESSAGE_BYTES or not c.median_algbw_gbps
-                or not c.large_message_algbw_gbps or not c.bytes_per_step):
+        if (c.small_count_per_step < SMALL_MESSAGE_MIN_COUNT or not c.small_median_algbw_gbps
+                or not c.large_message_algbw_gbps or c.small_median_bytes is None
+                or c.total_us_per_step <= 0):
             continue
-        ratio = c.median_algbw_gbps / c.large_message_algbw_gbps
+        ratio = c.small_median_algbw_gbps / c.large_message_algbw_gbps
         if ratio >= SMALL_MESSAGE_BW_RATIO:
             continue
-        fused_us = c.bytes_per_step / (c.large_message_algbw_gbps * 1e3)  # GB/s -> bytes/us
-        recoverable = min(max(c.total_us_per_step - fused_us, 0.0), c.exposed_us_per_step)
+        fused_us = c.small_bytes_per_step / (c.large_message_algbw_gbps * 1e3)  # GB/s = 1e3 B/us
+        exposed_share = c.exposed_us_per_step * min(c.small_us_per_step / c.total_us_per_step,
+                                                    1.0)
+        recoverable = min(max(c.small_us_per_step - fused_us, 0.0), exposed_share)
         if recoverable < SMALL_MESSAGE_MIN_US:
             continue
         name = _kind_words(c.kind)
         found = _finding(
             facts, id="small_messages",
             title=f"Small {name} messages waste bandwidth",
-            headline=(f"{c.count_per_step:.0f} small {name} messages per step reach only "
-                      f"{100 * ratio:.0f}% of the bandwidth larger ones get"),
+            headline=(f"{c.small_count_per_step:.0f} small {name} messages per step reach only "
+                      f"{100 * ratio:.0f}% of the bandwidth larger ones get, costing up to "
+                      f"{_ms(recoverable)} per step ({_pct(recoverable, facts.step_us):.0f}% "
+                      f"of the step)"),
             evidence=[
-                f"{name} in group {c.group}: {c.count_per_step:.0f} per step, median "
-                f"{c.median_message_bytes / 1024:.0f} KiB, median {c.median_algbw_gbps:.2f} GB/s",
-                f"the same kind reaches {c.large_message_algbw_gbps:.2f} GB/s on messages >= "
-                f"{LARGE_MESSAGE_FACTOR:.0f}x larger in this job",
-                f"{_ms(c.total_us_per_step)} per step in total, {_ms(c.exposed_us_per_step)} "
-                f"exposed",
+                f"{name} in group {c.group}: {c.small_count_per_step:.1f} messages per step "
+                f"below {SMALL_MESSAGE_BYTES // 1024} KiB (median "
+                f"{c.small_median_bytes / 1024:.1f} KiB) at a median "
+                f"{c.small_median_algbw_gbps:.2f} GB/s, {_ms(c.small_us_per_step)} per step",
+                f"the same kind reaches {c.large_message_algbw_gbps:.2f} GB/s (90th percentile) "
+                f"on messages >= {LARGE_MESSAGE_FACTOR:.0f}x larger in this job",
+                f"{name} in total: {_ms(c.total_us_per_step)} per step, "
+                f"{_ms(c.exposed_us_per_step)} exposed",
             ],
-            estimate=(f"sent as one message at the large-message bandwidth the same bytes take "
-                      f"{_ms(fused_us)}; the saving counts only exposed time: "
+            estimate=(f"the small messages' bytes sent at the large-message bandwidth take "
+                      f"{_ms(fused_us)}; counting only their exposed share, up to "
                       f"{_ms(recoverable)} per step"),
             recoverable_us=recoverable, knobs=["fuse_tables", "micro_batches"],
             advice=("fuse_tables=true sends one all-to-all per embedding dimension instead of "
@@ -519,32 +537,36 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         ))
     rank_steps = max(sum(max(len(r.steps), 1) for r in job.ranks), 1)
 
-    samples_by_key: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    samples_by_kind: dict[str, list[tuple[float, float]]] = {}
+    samples_by_key: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    by_kind: dict[str, list[tuple[float, float, float]]] = {}
     for smp in job.collective_samples:
         if smp.bytes > 0 and smp.algbw_gbps > 0:
-            samples_by_key.setdefault((smp.kind, smp.process_group), []).append(
-                (smp.bytes, smp.algbw_gbps))
-            samples_by_kind.setdefault(smp.kind, []).append((smp.bytes, smp.algbw_gbps))
+            point = (smp.bytes, smp.algbw_gbps, smp.dur_us)
+            samples_by_key.setdefault((smp.kind, smp.process_group), []).append(point)
+            by_kind.setdefault(smp.kind, []).append(point)
 
     collectives: list[CollectiveFacts] = []
     for c in job.collectives:
         bytes_per_step = None
         if c.bytes and c.sized_count:
             bytes_per_step = c.bytes * (c.count / c.sized_count) / rank_steps
-        own = samples_by_key.get((c.kind, c.process_group), [])
-        median_bytes = _percentile([b for b, _ in own], 0.5)
-        median_bw = _percentile([bw for _, bw in own], 0.5)
+        small = [p for p in samples_by_key.get((c.kind, c.process_group), [])
+                 if p[0] < SMALL_MESSAGE_BYTES]
+        small_median = _percentile([p[0] for p in small], 0.5)
         large_bw = None
-        if median_bytes:
-            large = [bw for b, bw in samples_by_kind.get(c.kind, [])
-                     if b >= LARGE_MESSAGE_FACTOR * median_bytes]
-            large_bw = _percentile(large, 0.9)
+        if small_median is not None:
+            floor = max(LARGE_MESSAGE_FACTOR * small_median, SMALL_MESSAGE_BYTES)
+            large_bw = _percentile([p[1] for p in by_kind.get(c.kind, []) if p[0] >= floor],
+                                   0.9)
         collectives.append(CollectiveFacts(
             kind=c.kind, group=c.process_group, count_per_step=c.count / rank_steps,
             total_us_per_step=c.total_us / rank_steps,
             exposed_us_per_step=c.exposed_us / rank_steps, bytes_per_step=bytes_per_step,
-            median_message_bytes=median_bytes, median_algbw_gbps=median_bw,
+            small_count_per_step=len(small) / rank_steps,
+            small_us_per_step=sum(p[2] for p in small) / rank_steps,
+            small_bytes_per_step=sum(p[0] for p in small) / rank_steps,
+            small_median_bytes=small_median,
+            small_median_algbw_gbps=_percentile([p[1] for p in small], 0.5),
             large_message_algbw_gbps=large_bw,
         ))
     skew = job.skew

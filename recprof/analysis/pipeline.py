@@ -113,6 +113,8 @@ def analyze_paths(paths: Sequence[Path], steps: set[int] | None = None,
     else:
         _collect(map(_analyze_one, jobs_args), files, outcomes, errors, progress)
     if not outcomes:
+        if len(errors) == 1:
+            raise RecprofError(errors[0])
         raise RecprofError("no trace could be analysed:\n  " + "\n  ".join(errors))
     jobs = _assemble_jobs(outcomes, frozen)
     warnings = [w for job in jobs for w in job.warnings]

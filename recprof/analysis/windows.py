@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -38,7 +39,7 @@ def step_windows(trace: RankTrace) -> tuple[list[Window], list[str]]:
         return [window], [f"{trace.header.path}: no ProfilerStep annotations; "
                           "the whole trace is analysed as one window"]
     steps = trace.steps
-    windows = [Window(s.number, s.start_us, nxt.start_us) for s, nxt in zip(steps, steps[1:])]
+    windows = [Window(s.number, s.start_us, nxt.start_us) for s, nxt in pairwise(steps)]
     last = steps[-1]
     end = last.end_us
     if len(acts):

@@ -41,8 +41,13 @@ _MEMSET_CATS = {"gpu_memset", "memset"}
 _MTIA_DEVICE_CATS = {"mtia_ccp_events"}
 _RUNTIME_CATS = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
 _HOST_OP_CATS = {"cpu_op", "operator", "user_annotation"}
+_ATEN_OP_CATS = {"cpu_op", "operator"}
 _KIND_INDEX = {kind: i for i, kind in enumerate(COLLECTIVE_KINDS)}
 _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
+
+
+# start, end, name, pid, tid, args, category
+_HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
 
 
 @dataclass
@@ -145,8 +150,8 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
     step_tids: Counter[tuple[Any, Any]] = Counter()
     device_events: list[dict[str, Any]] = []
     launches: dict[int, tuple[float, Any, Any]] = {}
-    host_ops: list[tuple[float, float, str, Any, Any, dict[str, Any]]] = []
-    gloo_ops: list[tuple[float, float, str, Any, Any, dict[str, Any]]] = []
+    host_ops: list[_HostOp] = []
+    gloo_ops: list[_HostOp] = []
     has_gpu = has_mtia = False
     first_ts = float("inf")
 
@@ -181,9 +186,11 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
                 steps.append(Step(int(match.group(1)), name, ts, ts + float(dur)))
                 step_tids[(ev.get("pid"), ev.get("tid"))] += 1
             elif name.startswith("gloo:"):
-                gloo_ops.append((ts, ts + float(dur), name, ev.get("pid"), ev.get("tid"), args))
+                gloo_ops.append((ts, ts + float(dur), name, ev.get("pid"), ev.get("tid"), args,
+                                 cat))
             else:
-                host_ops.append((ts, ts + float(dur), name, ev.get("pid"), ev.get("tid"), args))
+                host_ops.append((ts, ts + float(dur), name, ev.get("pid"), ev.get("tid"), args,
+                                 cat))
 
     if first_ts == float("inf"):
         problem = "no timed events"
@@ -207,7 +214,7 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
 
     host_ops.sort(key=lambda op: (op[0], -op[1]))
     markers: dict[tuple[Any, Any], list[_Marker]] = defaultdict(list)
-    for start, end, name, pid, tid, args in host_ops:
+    for start, end, name, pid, tid, args, _cat in host_ops:
         if is_collective_op(name):
             kind = collective_kind(str(args.get("Collective name") or "")) or collective_kind(name)
             group = args.get("Process Group Name", args.get("Process Group ID"))
@@ -309,29 +316,38 @@ def _device_row(
 
 
 def _cpu_rows(
-    host_ops: list[tuple[float, float, str, Any, Any, dict[str, Any]]],
-    gloo_ops: list[tuple[float, float, str, Any, Any, dict[str, Any]]],
+    host_ops: list[_HostOp],
+    gloo_ops: list[_HostOp],
     main_tid: tuple[Any, Any] | None,
     names: _Interner,
     lanes: _Interner,
 ) -> list[tuple[float, float, int, int, int, float, int, int, float]]:
-    """CPU-only runs: compute is the main thread's leaf ops; communication is the gloo transfer
-    on its runloop thread plus the collective's enqueue on the main thread."""
+    """CPU-only runs: compute is the main thread's op time; communication is the gloo transfer
+    on its runloop thread plus the collective's enqueue on the main thread.
+
+    Compute is the union of the outermost ATen ops (cat `cpu_op`) on the main thread, which
+    equals the union of every op's self time. Leaf ops alone would miss most of it: a matmul's
+    work runs in `aten::mm`'s self time, whose leaves are tiny `aten::resolve_conj` calls.
+    `record_function` ranges (`user_annotation`) are not compute: they wrap waits too. The
+    blocking `work.wait()` has no event; it shows as main-thread time with no op while the
+    gloo transfer runs, and so lands in exposed communication.
+    """
     nan = float("nan")
     rows: list[tuple[float, float, int, int, int, float, int, int, float]] = []
-    main = [op for op in host_ops if (op[3], op[4]) == main_tid]  # sorted by start, outer first
     main_lane = lanes("main thread")
-    for i, (start, end, name, _pid, _tid, args) in enumerate(main):
-        is_leaf = i + 1 == len(main) or main[i + 1][0] >= end
-        if is_collective_op(name):
-            if name.startswith("c10d::"):
-                kind = collective_kind(name) or "unknown"
-                rows.append((start, end, int(ActivityClass.COMM), main_lane, names(name), start,
-                             _KIND_INDEX[kind], -1, nan))
-        elif is_leaf:
+    outer_end = float("-inf")
+    for start, end, name, pid, tid, _args, cat in host_ops:  # sorted by start, outer first
+        if (pid, tid) != main_tid or cat not in _ATEN_OP_CATS:
+            continue
+        if name.startswith("c10d::"):
+            kind = collective_kind(name) or "unknown"
+            rows.append((start, end, int(ActivityClass.COMM), main_lane, names(name), start,
+                         _KIND_INDEX[kind], -1, nan))
+        elif start >= outer_end and not is_collective_op(name) and not is_comm_wait_op(name):
             rows.append((start, end, int(ActivityClass.COMPUTE), main_lane, names(name), start,
                          -1, -1, nan))
-    for start, end, name, _pid, tid, args in gloo_ops:
+            outer_end = end
+    for start, end, name, _pid, tid, args, _cat in gloo_ops:
         kind = collective_kind(name) or "unknown"
         size = message_bytes(args)
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),

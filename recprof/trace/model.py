@@ -24,7 +24,7 @@ class ActivityClass(enum.IntEnum):
     OTHER = 5
 
 
-class DeviceKind(str, enum.Enum):
+class DeviceKind(enum.StrEnum):
     CUDA = "cuda"
     ROCM = "rocm"
     MTIA = "mtia"

@@ -9,7 +9,6 @@ enclosing CPU op, then the kernel name.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 # Canonical collective kinds, in the order tables list them.
@@ -170,7 +169,3 @@ def bus_factor(kind: str, group_size: int) -> float:
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
-
-
-def first(values: Iterable[Any]) -> Any:
-    return next((v for v in values if v is not None), None)

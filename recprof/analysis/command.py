@@ -1,0 +1,122 @@
+"""`recprof analyze`: the terminal summary and the versioned JSON document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from recprof.analysis.model import AnalysisResult, JobAnalysis
+from recprof.analysis.pipeline import analyze_paths
+from recprof.analysis.windows import parse_step_spec
+from recprof.errors import RecprofError
+
+
+def analyze(
+    paths: Annotated[list[Path], typer.Argument(
+        help="Trace files (.json, .json.gz) or folders holding them; one folder may hold "
+             "several jobs.", show_default=False)],
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", help="Also write the full analysis (schema recprof.analysis/1) here.")] = None,
+    steps: Annotated[str | None, typer.Option(
+        help="Only these ProfilerStep numbers: 5, 4-6 or 4,6-8. Default: every step.")] = None,
+) -> None:
+    """Say where each rank's step time goes: compute, exposed and hidden communication,
+    copies, idle gaps and their causes, collectives and cross-rank stragglers.
+
+    Example: recprof analyze ../shared/traces/torchrec_pr1460/trace/sst_long_a2a_optimizer
+    """
+    console = Console()
+    err = Console(stderr=True, soft_wrap=True)
+    chosen = parse_step_spec(steps)
+    with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("read", total=None)
+
+        def on_progress(done: int, total: int, _path: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        result = analyze_paths(paths, chosen, progress=on_progress)
+    for error in result.errors:
+        err.print(f"[red]skipped[/] {escape(error)}", highlight=False)
+    for warning in result.warnings[:50]:
+        err.print(f"[yellow]warning[/] {escape(warning)}", highlight=False)
+    if len(result.warnings) > 50:
+        err.print(f"[yellow]... {len(result.warnings) - 50} more warnings (see --json)[/]")
+    print_summary(result, console)
+    if json_out is not None:
+        write_json(result, json_out)
+        console.print(f"analysis written to [bold]{escape(str(json_out))}[/]")
+
+
+def write_json(result: AnalysisResult, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(result.to_json())
+    except OSError as exc:
+        raise RecprofError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.1f}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+MAX_RANK_ROWS = 64
+
+
+def print_summary(result: AnalysisResult, console: Console) -> None:
+    for job in result.jobs:
+        _print_job(job, console)
+
+
+def _print_job(job: JobAnalysis, console: Console) -> None:
+    shape = (f"{len(job.ranks)} rank(s) of {job.world_size or '?'}, {job.backend or 'unknown'} "
+             f"backend, {job.device_kind}"
+             + (f" ({', '.join(job.device_names)})" if job.device_names else ""))
+    steps = (f"steps {job.steps_analysed[0]}-{job.steps_analysed[-1]}" if job.steps_analysed
+             else "no ProfilerStep annotations")
+    table = Table(title=f"job {escape(job.id)}: {escape(shape)}, {steps}", title_justify="left")
+    for column in ("rank", "steps", "ms/step", "compute", "exp.comm", "hid.comm", "exp.H2D",
+                   "other", "idle", "wait ms"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.caption = ("% of step time; exp. = exposed (not under compute), hid. = hidden; other = "
+                     "D2H/D2D copies and memsets not under compute; wait ms = per step, "
+                     "waiting for later ranks at collectives")
+    for rank in job.ranks[:MAX_RANK_ROWS]:
+        t, n = rank.totals, max(len(rank.steps), 1)
+        other_copies = t.exposed_copy_d2h + t.exposed_copy_d2d + t.exposed_other
+        table.add_row(
+            str(rank.rank) + ("*" if rank.rank_inferred else ""), str(len(rank.steps)),
+            _ms(t.step / n), _pct(t.compute, t.step), _pct(t.exposed_comm, t.step),
+            _pct(t.hidden_comm, t.step), _pct(t.exposed_copy_h2d, t.step),
+            _pct(other_copies, t.step), _pct(t.idle, t.step),
+            _ms(job.skew.wait_us_per_step_by_rank.get(rank.rank, 0.0)),
+        )
+    console.print(table)
+    if len(job.ranks) > MAX_RANK_ROWS:
+        console.print(f"  ... {len(job.ranks) - MAX_RANK_ROWS} more ranks (see --json)")
+    if job.skew.straggler_rank is not None:
+        console.print(f"  [bold red]straggler:[/] rank {job.skew.straggler_rank} arrives last at "
+                      f"{job.skew.last_arrivals_by_rank[job.skew.straggler_rank]} of "
+                      f"{job.skew.matched_count} matched collectives; the others wait "
+                      f"{_ms(job.skew.straggler_cost_us_per_step)} ms per step for it")
+    elif len(job.ranks) > 1:
+        console.print("  no straggler: ranks arrive at collectives together")
+    if job.collectives:
+        top = job.collectives[0]
+        size = (f", {top.mean_bytes / 1e6:,.2f} MB mean message, busbw {top.busbw_gbps:,.2f} GB/s"
+                if top.mean_bytes is not None and top.busbw_gbps is not None else "")
+        console.print(f"  [bold]top collective:[/] {top.kind} on group {escape(top.process_group)}"
+                      f": {top.count} calls, {_ms(top.total_us)} ms total, "
+                      f"{_ms(top.exposed_us)} ms exposed{size}")
+    if any(r.rank_inferred for r in job.ranks):
+        console.print("  * rank inferred (the trace has no distributedInfo rank)")

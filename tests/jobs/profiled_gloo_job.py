@@ -1,0 +1,43 @@
+"""A real 2-rank gloo job that profiles itself: the CPU trace the analyzer's tests read.
+
+Each step does some dense compute, an `all_to_all_single` of embedding-sized rows and an
+`all_reduce` of gradient-sized tensors, under `ProfilerStep#N`, like a sharded-embedding job.
+Usage: torchrun --standalone --nproc_per_node 2 tests/jobs/profiled_gloo_job.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+
+def main(out_dir: Path) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(rank)
+    weight = torch.randn(256, 256)
+    rows = torch.randn(world * 2048, 64)
+    grads = torch.randn(200_000)
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(out_dir)),
+        record_shapes=True,
+    ) as prof:
+        for _ in range(5):
+            x = torch.randn(512, 256)
+            for _ in range(4 + 4 * rank):  # rank 1 computes longer: the others wait for it
+                x = torch.relu(x @ weight)
+            received = torch.empty_like(rows)
+            dist.all_to_all_single(received, rows)
+            dist.all_reduce(grads)
+            prof.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
