@@ -46,8 +46,11 @@ IDLE_MIN_US = 500.0
 #: instances per step, a median message below `SMALL_MESSAGE_BYTES`, and a median achieved
 #: bandwidth below `SMALL_MESSAGE_BW_RATIO` of the best bandwidth the same kind reached in
 #: this job on messages at least `LARGE_MESSAGE_FACTOR` times larger.
-SMALL_MESSAGE_MIN_COUNT = 4.0
+SMALL_MESSAGE_MIN_COUNT = 2.0
 SMALL_MESSAGE_BYTES = 1 << 20
+#: A small message slower than this is waiting for a peer, not paying per-message latency
+#: (NCCL moves a sub-MiB message in tens of microseconds), so it is left to the straggler rule.
+SMALL_MESSAGE_MAX_US = 1000.0
 SMALL_MESSAGE_BW_RATIO = 0.25
 LARGE_MESSAGE_FACTOR = 8.0
 SMALL_MESSAGE_MIN_US = 200.0
@@ -91,10 +94,10 @@ class RankFacts:
 class CollectiveFacts:
     """One collective kind x process group, as means per rank per step.
 
-    The `small_*` fields describe the instances below `SMALL_MESSAGE_BYTES` (from the
-    per-instance samples); `large_message_algbw_gbps` is what the same kind reached in this
-    job on messages at least `LARGE_MESSAGE_FACTOR` times the small ones' median (and at least
-    `SMALL_MESSAGE_BYTES`), the reference the small ones fall short of.
+    The `small_*` fields describe the instances below `SMALL_MESSAGE_BYTES` that took at most
+    `SMALL_MESSAGE_MAX_US` (from the per-instance samples); `large_message_algbw_gbps` is what
+    the same kind reached in this job on messages at least `LARGE_MESSAGE_FACTOR` times the
+    small ones' median (and at least `SMALL_MESSAGE_BYTES`), the reference they fall short of.
     """
 
     kind: str
@@ -361,7 +364,8 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
             cause = "host-side delay on that rank (idle device)"
     return _finding(
         facts, id="straggler", title=f"Rank {s} is a straggler",
-        headline=f"rank {s} makes the others wait {_ms(cost)} per step",
+        headline=(f"rank {s} makes the others wait {_ms(cost)} per step "
+                  f"({_pct(cost, step):.0f}% of the step)"),
         evidence=evidence,
         estimate=(f"evening out the ranks recovers up to {_ms(cost)} per step, the others' "
                   f"wait; likely cause: {cause}"),
@@ -397,8 +401,8 @@ def rule_small_messages(facts: JobFacts) -> Finding | None:
             facts, id="small_messages",
             title=f"Small {name} messages waste bandwidth",
             headline=(f"{c.small_count_per_step:.0f} small {name} messages per step reach only "
-                      f"{100 * ratio:.0f}% of the bandwidth larger ones get, costing up to "
-                      f"{_ms(recoverable)} per step ({_pct(recoverable, facts.step_us):.0f}% "
+                      f"{100 * ratio:.2g}% of the bandwidth larger ones get, costing up to "
+                      f"{_ms(recoverable)} per step ({_pct(recoverable, facts.step_us):.1f}% "
                       f"of the step)"),
             evidence=[
                 f"{name} in group {c.group}: {c.small_count_per_step:.1f} messages per step "
@@ -551,7 +555,7 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         if c.bytes and c.sized_count:
             bytes_per_step = c.bytes * (c.count / c.sized_count) / rank_steps
         small = [p for p in samples_by_key.get((c.kind, c.process_group), [])
-                 if p[0] < SMALL_MESSAGE_BYTES]
+                 if p[0] < SMALL_MESSAGE_BYTES and p[2] <= SMALL_MESSAGE_MAX_US]
         small_median = _percentile([p[0] for p in small], 0.5)
         large_bw = None
         if small_median is not None:

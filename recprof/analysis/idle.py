@@ -2,10 +2,11 @@
 
 The cause is read from what the host was doing, in this order of evidence:
 data loading (a DataLoader `__next__` covers most of the gap) > waiting on a collective (a
-collective/wait op covers it, or the next device work is a collective) > waiting on a copy
-(the next device work is a memcpy) > host-bound launch (the next device work was launched
-during the gap, so the device waited for the host) > host overhead (CPU runs: the main
-thread sat in a non-leaf op) > unattributed.
+collective or wait op covers most of it) > host-bound launch (the next device work was issued
+during the gap, so the device waited for the host) > waiting on a collective / on a copy (the
+next device work, queued before the gap, is a collective / a memcpy: it waited on a peer or a
+dependency) > host overhead (CPU runs: the main thread sat in an op's own time outside
+compute) > unattributed.
 """
 
 from __future__ import annotations
@@ -59,13 +60,15 @@ class _GapExplainer:
             return "unattributed", "no device work follows"
         klass = int(self.acts.klass[nxt])
         following = names[self.acts.name[nxt]]
+        launch = float(self.acts.launch[nxt])
+        if not np.isnan(launch) and launch > start:
+            # The host issued the next work only during the gap: the device waited for it.
+            return "host-bound launch", following
+        # The next work was queued before the gap yet did not run: it waited on a dependency.
         if klass == ActivityClass.COMM:
             return "waiting on a collective", following
         if klass in (ActivityClass.COPY_H2D, ActivityClass.COPY_D2H, ActivityClass.COPY_D2D):
             return "waiting on a copy", following
-        launch = float(self.acts.launch[nxt])
-        if not np.isnan(launch) and launch > start:
-            return "host-bound launch", following
         return "unattributed", following
 
     def _explain_cpu(self, start: float, end: float) -> tuple[str, str]:
@@ -129,6 +132,8 @@ def _log_histogram(durations: np.ndarray) -> list[tuple[float, float, int]]:
     lo = np.floor(np.log10(positive.min()) * 4) / 4
     hi = np.ceil(np.log10(positive.max()) * 4) / 4 + 0.25
     edges = 10 ** np.arange(lo, hi + 1e-9, 0.25)
+    edges[0] = min(edges[0], positive.min())  # 10**log10(x) can round above x
+    edges[-1] = max(edges[-1], positive.max())
     counts, edges = np.histogram(positive, bins=edges)
     return [(float(a), float(b), int(c)) for a, b, c in zip(edges[:-1], edges[1:], counts,
                                                             strict=True) if c]

@@ -123,3 +123,19 @@ def test_cli_summary_names_straggler_and_top_collective(shared_traces: Path, tmp
     assert "straggler: rank 2" in proc.stdout
     assert "top collective: all_to_all" in proc.stdout
     assert out.stat().st_size > 1000
+
+
+def test_idle_causes_tell_the_known_stories(shared_traces: Path) -> None:
+    # ResNet50 with num_workers=0: the GPU starves while the main process loads data.
+    resnet = analyze_paths([shared_traces / "kineto_tb_plugin/2021-06"]).jobs[0].ranks[0]
+    causes = resnet.idle_gaps.by_cause_us
+    assert max(causes, key=causes.__getitem__) == "data loading"
+    # The straggler's GPU idles because its host issues the next work late.
+    sst = analyze_paths([shared_traces / "torchrec_pr1460/trace/sst_long_a2a_optimizer"]).jobs[0]
+    late = sst.ranks[2].idle_gaps
+    assert late.by_cause_us["host-bound launch"] > 0.9 * late.total_us
+    assert late.max_us > 900_000 and late.largest[0].cause == "host-bound launch"
+    # The TorchRec job loads no data inside its profiled steps: no data-loading idle there.
+    assert all("data loading" not in r.idle_gaps.by_cause_us for r in sst.ranks)
+    assert all(r.idle_gaps.count == sum(c for _, _, c in r.idle_gaps.histogram)
+               for r in sst.ranks)
