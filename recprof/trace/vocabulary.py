@@ -9,6 +9,7 @@ enclosing CPU op, then the kernel name.
 from __future__ import annotations
 
 import re
+from functools import cache
 from typing import Any
 
 # Canonical collective kinds, in the order tables list them.
@@ -39,6 +40,7 @@ _KIND_ALIASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 
 
+@cache  # names repeat thousands of times per trace
 def collective_kind(text: str | None) -> str | None:
     """Map a collective name in any spelling (`allreduce`, `nccl:all_to_all`,
     `ncclDevKernel_AllGather_RING_LL`, `_allgather_base`, `gloo:all_reduce`) to its kind."""
@@ -59,6 +61,7 @@ _COMM_KERNEL = re.compile(
 )
 
 
+@cache
 def is_comm_kernel(name: str) -> bool:
     return bool(_COMM_KERNEL.search(name))
 
@@ -70,6 +73,7 @@ _COLLECTIVE_OP = re.compile(
 )
 
 
+@cache
 def is_collective_op(name: str) -> bool:
     return bool(_COLLECTIVE_OP.match(name))
 
@@ -81,6 +85,7 @@ _COMM_WAIT_OP = re.compile(
 )
 
 
+@cache
 def is_comm_wait_op(name: str) -> bool:
     return bool(_COMM_WAIT_OP.search(name))
 
@@ -105,6 +110,7 @@ def dtype_size(dtype: str | None) -> int | None:
     return _DTYPE_BYTES.get(dtype.strip().lower())
 
 
+@cache
 def kernel_dtype_size(kernel_name: str) -> int | None:
     match = _KERNEL_DTYPE.search(kernel_name)
     if not match:
