@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 # --- thresholds (rationale in docs/diagnosis.md) -------------------------------------------
 
-#: Exposed communication of one kind below this share of the step is noise-level: below ~5%
-#: a tuner cannot tell a gain from run-to-run jitter on the machines we measured.
+#: Exposed communication below this share of the step is not worth a tuning run: a few
+#: percent is within typical step-to-step variation (a judgement, not a measurement).
 EXPOSED_COMM_MIN_FRACTION = 0.05
 #: ...and below this absolute time per step a finding is not worth a tuning run.
 EXPOSED_COMM_MIN_US = 200.0
@@ -42,10 +42,10 @@ H2D_MIN_US = 100.0
 #: Idle time (device doing nothing) attributed to the host side, per cause.
 IDLE_MIN_FRACTION = 0.10
 IDLE_MIN_US = 500.0
-#: Small-message fragmentation (FusedRec): a collective kind with at least this many
-#: instances per step, a median message below `SMALL_MESSAGE_BYTES`, and a median achieved
-#: bandwidth below `SMALL_MESSAGE_BW_RATIO` of the best bandwidth the same kind reached in
-#: this job on messages at least `LARGE_MESSAGE_FACTOR` times larger.
+#: Small-message fragmentation (FusedRec): at least `SMALL_MESSAGE_MIN_COUNT` instances per
+#: step below `SMALL_MESSAGE_BYTES` whose median achieved bandwidth is below
+#: `SMALL_MESSAGE_BW_RATIO` of what the same kind reached in this job on messages at least
+#: `LARGE_MESSAGE_FACTOR` times larger, costing at least `SMALL_MESSAGE_MIN_US` per step.
 SMALL_MESSAGE_MIN_COUNT = 2.0
 SMALL_MESSAGE_BYTES = 1 << 20
 #: A small message slower than this is waiting for a peer, not paying per-message latency
@@ -214,6 +214,9 @@ def tune_command(facts: JobFacts, knobs: Iterable[str]) -> str | None:
 
 def _finding(facts: JobFacts, *, id: str, title: str, headline: str, evidence: list[str],
              estimate: str, recoverable_us: float, knobs: list[str], advice: str = "") -> Finding:
+    # Nothing recovers more than the whole step; a larger input means the analysis counted
+    # some waiting twice, and ranking by it would overstate the finding.
+    recoverable_us = min(recoverable_us, facts.step_us)
     fraction = recoverable_us / facts.step_us if facts.step_us > 0 else 0.0
     return Finding(
         id=id, title=title, headline=headline, evidence=evidence, estimate=estimate,

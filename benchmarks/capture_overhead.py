@@ -1,0 +1,174 @@
+"""What `recprof capture` costs the job: median step time with and without it, outside and inside
+the profiled window, side by side. Goal: <= 2% outside the window.
+
+One invocation runs the example (`examples/ddp_sharded_embedding.py`, 2 gloo ranks under
+torchrun) alternately plain and under capture, `--repeats` times each (alternating cancels slow
+drifts of a shared machine). Both runs time steps with the same stopwatch, the example's own
+`--step-times` (rank 0, loop top to loop top), not the hook's step log. `wall` is wall time;
+`cpu` is rank 0's process CPU time per step, far less noisy on a shared machine, and the hook's
+cost is CPU work. Step i is "inside" when it is in the active phase of the window, "outside" in
+the wait phase or after the window; the first `--skip` steps (start-up) and the step that
+exports the trace are left out of both. The same step indices are compared.
+
+    python benchmarks/capture_overhead.py               # about 2-3 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from recprof.capture.hook import Schedule
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "ddp_sharded_embedding.py"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--wait", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--active", type=int, default=20)
+    parser.add_argument("--skip", type=int, default=10, help="start-up steps left out")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--with-stack", action="store_true")
+    parser.add_argument("--out", type=Path, help="keep the runs here (default: a temp folder)")
+    return parser.parse_args()
+
+
+def run_once(
+    args: argparse.Namespace, workdir: Path, name: str, captured: bool
+) -> dict[str, list[float]]:
+    """One job; returns rank 0's per-step seconds: {"wall": [...], "cpu": [...]}."""
+    times = workdir / f"{name}.json"
+    job = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(args.nproc),
+        str(EXAMPLE),
+        "--steps",
+        str(args.steps),
+        "--log-every",
+        "1000000",
+        "--step-times",
+        str(times),
+    ]
+    if captured:
+        job = [
+            sys.executable,
+            "-m",
+            "recprof",
+            "capture",
+            "--out",
+            str(workdir / name),
+            "--wait",
+            str(args.wait),
+            "--warmup",
+            str(args.warmup),
+            "--active",
+            str(args.active),
+            "--no-report",
+            *(["--with-stack"] if args.with_stack else []),
+            "--",
+            *job,
+        ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(job, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(times.read_text())
+
+
+def hook_and_trace_stats(run_dir: Path, schedule: Schedule) -> dict[str, float]:
+    """From one captured run: the hook's own time per step outside the window (its step log),
+    and the trace's size and event count per profiled step (rank 0)."""
+    log = [
+        json.loads(line) for line in (run_dir / "steps" / "rank0.jsonl").read_text().splitlines()
+    ]
+    outside = [s["hook_s"] for s in log if s["phase"] == "wait" or s["step"] > schedule.end]
+    export = next(s["hook_s"] for s in log if s["step"] == schedule.end)
+    trace = next((run_dir / "traces").glob("rank0_*.pt.trace.json"))
+    events = len(json.loads(trace.read_text())["traceEvents"])
+    return {
+        "hook_us": statistics.median(outside) * 1e6,
+        "export_ms": export * 1e3,
+        "kb_per_step": trace.stat().st_size / 1e3 / schedule.active,
+        "events_per_step": events / schedule.active,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    schedule = Schedule(args.wait, args.warmup, args.active, args.with_stack)
+    if args.steps <= schedule.end + 10:
+        sys.exit("--steps must leave at least 10 steps after the window")
+    console = Console()
+    workdir = args.out or Path(tempfile.mkdtemp(prefix="capture_overhead_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    plain: list[dict[str, list[float]]] = []
+    captured: list[dict[str, list[float]]] = []
+    for rep in range(args.repeats):
+        order = [False, True] if rep % 2 == 0 else [True, False]
+        for with_capture in order:
+            name = f"{'capture' if with_capture else 'plain'}{rep}"
+            console.print(f"run {name} ...")
+            (captured if with_capture else plain).append(
+                run_once(args, workdir, name, with_capture)
+            )
+
+    def steps_in(phase: str) -> list[int]:
+        if phase == "inside":
+            return list(range(schedule.first_active, schedule.end))
+        after = range(schedule.end + 1, args.steps)  # schedule.end pays the export
+        return [i for i in range(args.skip, schedule.wait)] + list(after)
+
+    table = Table(title=f"capture overhead, {args.nproc} gloo ranks, {args.repeats} runs each")
+    for column in ("steps", "n", "clock", "plain median ms", "capture median ms", "ratio"):
+        table.add_column(column, justify="right")
+    medians: dict[tuple[str, str], float] = {}
+    for phase in ("outside", "inside"):
+        idx = steps_in(phase)
+        for clock in ("wall", "cpu"):
+            base = statistics.median(run[clock][i] for run in plain for i in idx)
+            cap = statistics.median(run[clock][i] for run in captured for i in idx)
+            medians[(phase, clock)] = base
+            table.add_row(
+                f"{phase} window",
+                str(len(idx) * args.repeats),
+                clock,
+                f"{base * 1e3:.2f}",
+                f"{cap * 1e3:.2f}",
+                f"{cap / base:.3f}",
+            )
+    console.print(table)
+    stats = [hook_and_trace_stats(workdir / f"capture{r}", schedule) for r in range(args.repeats)]
+    med = {k: statistics.median(s[k] for s in stats) for k in stats[0]}
+    wall, cpu = medians[("outside", "wall")], medians[("outside", "cpu")]
+    console.print(
+        f"capture's own time per step outside the window (median of its step log): "
+        f"{med['hook_us']:.0f} us = {med['hook_us'] / 1e6 / wall:.2%} of the plain wall step, "
+        f"{med['hook_us'] / 1e6 / cpu:.2%} of its CPU time"
+    )
+    console.print(
+        f"trace export: {med['export_ms']:.0f} ms (in step {schedule.end}); trace (rank 0): "
+        f"{med['kb_per_step']:.0f} KB and {med['events_per_step']:.0f} events per profiled step"
+    )
+    console.print(f"runs kept in {workdir}")
+
+
+if __name__ == "__main__":
+    main()

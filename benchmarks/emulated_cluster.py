@@ -1,0 +1,160 @@
+"""An emulated multi-node cluster on one machine: network namespaces joined by shaped veths.
+
+Each "node" is a network namespace. Node 0 is joined to every other node by a veth pair whose
+two ends are shaped with `tbf` (the one shaping qdisc this kernel has; see the field notes), so
+traffic between nodes crosses a slow link while ranks inside one node talk over loopback. A
+job is started as one `torchrun --nnodes N --node-rank i` per namespace, with
+GLOO_SOCKET_IFNAME set to the node's veth. Everything is removed on exit (namespaces, and the
+veths inside them with them), also after an error or Ctrl-C.
+
+    python benchmarks/emulated_cluster.py --nodes 2 --nproc-per-node 1 --rate 1gbit -- \\
+        -m recprof.nestpipe --config examples/configs/demo.yaml
+
+Needs root (CAP_NET_ADMIN) and `ip`/`tc`; `EmulatedCluster.available()` says why not.
+Only two nodes are supported for now (one link); more would need a bridge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass
+class Node:
+    namespace: str
+    ifname: str
+    address: str
+
+
+class EmulatedCluster:
+    """Context manager: two namespaces, one tbf-shaped veth link between them."""
+
+    def __init__(self, rate: str = "1gbit", burst: str = "256kb", latency: str = "100ms") -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.nodes = [
+            Node(f"recprof{tag}n{i}", f"rpveth{i}", f"10.231.{os.getpid() % 250}.{i + 1}")
+            for i in range(2)
+        ]
+        self.rate, self.burst, self.latency = rate, burst, latency
+
+    @staticmethod
+    def available() -> str | None:
+        """None when namespaces can be made here, else the reason they cannot."""
+        if os.geteuid() != 0:
+            return "needs root for network namespaces"
+        probe = f"recprofprobe{os.getpid()}"
+        try:
+            _ip("netns", "add", probe)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = getattr(exc, "stderr", "") or str(exc)
+            return f"cannot create a network namespace: {detail.strip()}"
+        _ip("netns", "del", probe)
+        return None
+
+    def __enter__(self) -> EmulatedCluster:
+        try:
+            for node in self.nodes:
+                _ip("netns", "add", node.namespace)
+                _ip("-n", node.namespace, "link", "set", "lo", "up")
+            a, b = self.nodes
+            _ip("link", "add", a.ifname, "netns", a.namespace, "type", "veth",
+                "peer", "name", b.ifname, "netns", b.namespace)
+            for node in self.nodes:
+                _ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", node.ifname)
+                _ip("-n", node.namespace, "link", "set", node.ifname, "up")
+                subprocess.run(
+                    ["ip", "netns", "exec", node.namespace, "tc", "qdisc", "add", "dev",
+                     node.ifname, "root", "tbf", "rate", self.rate, "burst", self.burst,
+                     "latency", self.latency],
+                    check=True, capture_output=True, text=True,
+                )
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.teardown()
+
+    def teardown(self) -> None:
+        """Stop anything still running in our namespaces, then delete them (and their veths)."""
+        for node in self.nodes:
+            pids = subprocess.run(["ip", "netns", "pids", node.namespace],
+                                  capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                subprocess.run(["kill", "-9", pid], capture_output=True)
+            subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True)
+
+    def leftovers(self) -> list[str]:
+        """Our namespaces that still exist (empty after teardown)."""
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+        return [n.namespace for n in self.nodes if n.namespace in names]
+
+    def torchrun(
+        self, nproc_per_node: int, target: Sequence[str], port: int = 29531,
+        wrapper: Sequence[Sequence[str]] | None = None, timeout: float = 600,
+    ) -> list[subprocess.CompletedProcess]:
+        """Run one torchrun per node (static rendezvous on node 0) and wait for all of them.
+
+        `target` is what follows torchrun's own flags (`-m pkg ...` or `script.py ...`).
+        `wrapper[i]` is put in front of node i's torchrun (for example `recprof capture
+        --out DIR --`). Returns each node's completed process (stdout/stderr captured).
+        """
+        procs = []
+        for rank, node in enumerate(self.nodes):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(self.nodes)),
+                   "--node-rank", str(rank), "--nproc-per-node", str(nproc_per_node),
+                   "--master-addr", self.nodes[0].address, "--master-port", str(port), *target]
+            if wrapper is not None:
+                cmd = [*wrapper[rank], *cmd]
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": node.ifname}
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", node.namespace, *cmd], env=env, cwd=REPO,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            ))
+        results = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--rate", default="1gbit", help="tbf rate of the inter-node link")
+    parser.add_argument("target", nargs=argparse.REMAINDER,
+                        help="after --: what torchrun runs (-m module ... or script.py ...)")
+    args = parser.parse_args()
+    target = args.target[1:] if args.target[:1] == ["--"] else args.target
+    reason = EmulatedCluster.available()
+    if reason is not None:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    with EmulatedCluster(rate=args.rate) as cluster:
+        results = cluster.torchrun(args.nproc_per_node, target)
+    for rank, res in enumerate(results):
+        print(f"--- node {rank} ({cluster.nodes[rank].namespace}): exit {res.returncode}")
+        print(res.stdout[-2000:], res.stderr[-2000:] if res.returncode else "", sep="")
+    return max(r.returncode for r in results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""NestPipe schedules on an emulated two-node cluster, in a communication-bound setting.
+
+Sets up two network namespaces joined by a tbf-shaped veth (benchmarks/emulated_cluster.py),
+then runs, each under `recprof capture` on every node:
+  synchronous baseline, FWP N=2 / N=4 (and N=4 with clustering), with and without HSP
+  (M = number of nodes, so embedding all-to-alls stay inside a node), and TorchRec DMP
+  (table-wise) with its plain loop and with TrainPipelineSparseDist, on the same model/data.
+For each it prints throughput (the trainer's steady window), the exposed communication ratio
+and per-step compute / communication from `recprof analyze` of the captured traces, the
+theoretical 1/N, and step time over the overlap bound max(compute, comm).
+
+    python benchmarks/nestpipe_emulated.py [--rate 100mbit] [--nproc-per-node 2]
+        [--config examples/configs/comm_bound.yaml] [--set key=value ...] [--keep DIR]
+
+DBP (dual-buffer pipelining) is not implemented yet, so it has no row. Needs root for the
+namespaces; the cluster is torn down on exit. The profiled steps are part of the steady
+window, so throughputs include the profiler's (small, equal for all rows) cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from emulated_cluster import REPO, EmulatedCluster  # benchmarks/ is on sys.path when run
+
+
+@dataclass
+class Row:
+    label: str
+    micro_batches: int
+    throughput: float
+    step_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_ratio: float
+
+
+def _analyze(run_dir: Path) -> tuple[float, float, float, float]:
+    """Per-step means over ranks of (step, compute, comm) in ms, and exposed / comm overall."""
+    traces = sorted(str(p) for p in run_dir.glob("node*/traces"))
+    out = run_dir / "analysis.json"
+    proc = subprocess.run([sys.executable, "-m", "recprof", "analyze", *traces, "--json", str(out)],
+                          capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        sys.exit(f"recprof analyze failed on {run_dir}:\n{proc.stderr[-2000:]}")
+    ranks = [r for job in json.loads(out.read_text())["jobs"] for r in job["ranks"]]
+    steps = sum(len(r["steps"]) for r in ranks)
+
+    def total(key: str) -> float:
+        return sum(r["totals"][key] for r in ranks)
+
+    ratio = total("exposed_comm") / total("comm") if total("comm") else 0.0
+    return (total("step") / steps / 1e3, total("compute") / steps / 1e3,
+            total("comm") / steps / 1e3, ratio)
+
+
+def _run(
+    cluster: EmulatedCluster, nproc: int, run_dir: Path, target: list[str], port: int, wait: int
+) -> None:
+    wrappers = [[sys.executable, "-m", "recprof", "capture", "--no-report", "--wait", str(wait),
+                 "--out", str(run_dir / f"node{i}"), "--"] for i in range(len(cluster.nodes))]
+    results = cluster.torchrun(nproc, target, port=port, wrapper=wrappers)
+    for i, res in enumerate(results):
+        if res.returncode != 0:
+            sys.exit(f"{run_dir.name}: node {i} exited {res.returncode}\n{res.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", default="100mbit", help="tbf rate of the inter-node link")
+    parser.add_argument("--nproc-per-node", type=int, default=2)
+    parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--keep", type=Path, help="keep run folders (traces, summaries) here")
+    args = parser.parse_args()
+    reason = EmulatedCluster.available()
+    if reason is not None:
+        sys.exit(f"error: {reason}")
+    nodes = 2
+    sets = [x for item in args.overrides for x in ("--set", item)]
+    base = ["--config", str(args.config), *sets]
+    variants = [
+        ("sync baseline", []),
+        ("FWP N=2", ["micro_batches=2"]),
+        ("FWP N=4", ["micro_batches=4"]),
+        ("FWP N=4 + clustering", ["micro_batches=4", "clustering=true"]),
+        (f"HSP M={nodes}", [f"hsp_groups={nodes}"]),
+        (f"HSP M={nodes} + FWP N=4", [f"hsp_groups={nodes}", "micro_batches=4"]),
+    ]
+    wait = 10  # capture after the trainer's warm-up (comm_bound.yaml: 8 steps)
+    rows: list[Row] = []
+    root = args.keep or Path(tempfile.mkdtemp(prefix="nestpipe_emulated_"))
+    with EmulatedCluster(rate=args.rate) as cluster:
+        for i, (label, knobs) in enumerate(variants):
+            run_dir = root / f"nestpipe{i}"
+            target = ["-m", "recprof.nestpipe", *base,
+                      *[x for k in knobs for x in ("--set", k)], "--out", str(run_dir / "out")]
+            _run(cluster, args.nproc_per_node, run_dir, target, 29600 + i, wait)
+            summary = json.loads((run_dir / "out/summary.json").read_text())
+            n = int(next((k.split("=")[1] for k in knobs if k.startswith("micro_batches")), 1))
+            rows.append(Row(label, n, summary["throughput_samples_per_s"], *_analyze(run_dir)))
+        for i, pipeline in enumerate(("none", "sparse_dist")):
+            run_dir = root / f"torchrec_{pipeline}"
+            target = [str(REPO / "examples/torchrec_dlrm.py"), *base, "--pipeline", pipeline,
+                      "--out", str(run_dir / "out")]
+            _run(cluster, args.nproc_per_node, run_dir, target, 29650 + i, wait)
+            summary = json.loads((run_dir / "out/summary.json").read_text())
+            label = "TorchRec " + ("TrainPipelineSparseDist" if pipeline != "none" else "plain")
+            rows.append(Row(label, 1, summary["throughput_samples_per_s"], *_analyze(run_dir)))
+        leftovers = cluster.leftovers
+    sync, trpipe = rows[0].throughput, rows[-1].throughput
+    print(f"emulated cluster: {nodes} nodes x {args.nproc_per_node} ranks, inter-node link tbf "
+          f"{args.rate}; config {args.config.name} {' '.join(args.overrides)}")
+    head = (f"{'schedule':<30}{'samples/s':>10}{'vs sync':>9}{'vs TR pipe':>11}{'exposed':>9}"
+            f"{'1/N':>6}{'step ms':>9}{'compute':>9}{'comm':>8}{'step/bound':>11}")
+    print(head)
+    for r in rows:
+        bound = max(r.compute_ms, r.comm_ms)
+        print(f"{r.label:<30}{r.throughput:>10.0f}{r.throughput / sync:>8.2f}x"
+              f"{r.throughput / trpipe:>10.2f}x{r.exposed_ratio:>9.2f}{1 / r.micro_batches:>6.2f}"
+              f"{r.step_ms:>9.1f}{r.compute_ms:>9.1f}{r.comm_ms:>8.1f}{r.step_ms / bound:>10.2f}x")
+    print("exposed = exposed comm / comm (recprof analyze, all ranks); bound = max(compute, comm)"
+          " per step; DBP: not implemented")
+    print(f"namespaces left behind: {leftovers() or 'none'}; run folders: {root}")
+
+
+if __name__ == "__main__":
+    main()

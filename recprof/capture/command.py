@@ -1,0 +1,132 @@
+"""`recprof capture -- CMD ARGS...`: trace an unmodified job on every rank, then report on it."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from recprof.capture import layout
+from recprof.capture.finish import analyze_and_report
+from recprof.capture.launcher import CaptureOptions, job_env, run_job
+from recprof.capture.manifest import build_manifest, write_manifest
+from recprof.capture.progress import EventTail
+from recprof.errors import RecprofError
+
+DEFAULT_ROOT = Path("recprof-runs")
+
+
+def capture(
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="The job, after `--`: torchrun ..., python train.py, ..."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Run folder [default: recprof-runs/<time>-<command>]"),
+    ] = None,
+    wait: Annotated[int, typer.Option(min=0, help="Steps to skip before warming up.")] = 5,
+    warmup: Annotated[int, typer.Option(min=0, help="Steps profiled but discarded.")] = 2,
+    active: Annotated[int, typer.Option(min=1, help="Steps recorded in each trace.")] = 5,
+    with_stack: Annotated[
+        bool, typer.Option("--with-stack", help="Record Python stacks (about 3x the cost).")
+    ] = False,
+    no_report: Annotated[
+        bool, typer.Option("--no-report", help="Skip analyze + report at the end.")
+    ] = False,
+) -> None:
+    """Run a training job with the profiler injected into every rank, then analyze it.
+
+    Example: recprof capture -- torchrun --standalone --nproc_per_node 2 train.py
+
+    Each rank writes a trace of steps wait+warmup .. wait+warmup+active-1, a wall-time log of
+    every step and its metadata; the run's manifest says what was captured and what is missing.
+    Exits with the job's exit status.
+    """
+    if not command:
+        raise RecprofError("no command to run: recprof capture [OPTIONS] -- CMD ARGS...")
+    if wait + warmup < 1:
+        raise RecprofError(
+            "--wait + --warmup must be at least 1, so recording starts after the first step "
+            "(when the process group exists)"
+        )
+    if shutil.which(command[0]) is None:
+        raise RecprofError(f"command not found: {command[0]}")
+    run_dir = out if out is not None else DEFAULT_ROOT / _run_name(command[0])
+    if (run_dir / layout.MANIFEST).exists():
+        raise RecprofError(f"{run_dir} already holds a capture; choose another --out")
+    for sub in (layout.TRACES, layout.STEPS, layout.META):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    console = Console(stderr=True, highlight=False)
+    options = CaptureOptions(wait=wait, warmup=warmup, active=active, with_stack=with_stack)
+    write_manifest(run_dir, build_manifest(run_dir, command, options, job=None))
+    first, last = wait + warmup, wait + warmup + active - 1
+    console.print(
+        f"[bold cyan]recprof capture[/] into [bold]{escape(str(run_dir))}[/]: "
+        f"steps {first}-{last} of every rank are recorded"
+    )
+
+    tail = EventTail(run_dir, console)
+    job = run_job(
+        command,
+        job_env(run_dir, options),
+        on_tick=tail.poll,
+        on_signal=lambda got, sent: console.print(
+            f"[yellow]recprof: {got} received, sending {sent} to the job[/]"
+        ),
+    )
+    tail.poll()
+    manifest = build_manifest(run_dir, command, options, job)
+    _print_summary(console, manifest, write_manifest(run_dir, manifest))
+
+    if not no_report:
+        outcome = analyze_and_report(run_dir, console)
+        if outcome.analysis:
+            manifest["analysis"] = str(outcome.analysis.relative_to(run_dir))
+        if outcome.report:
+            manifest["report"] = str(outcome.report.relative_to(run_dir))
+            console.print(f"[bold green]report:[/] {escape(str(outcome.report))}")
+        if outcome.note:
+            console.print(f"[yellow]recprof: {escape(outcome.note)}[/]")
+        write_manifest(run_dir, manifest)
+    raise typer.Exit(job.returncode)
+
+
+def _run_name(program: str) -> str:
+    """`20261121-112233-torchrun`: sortable, and says what ran."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(program).name}"
+
+
+def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> None:
+    """One row per rank, then what is missing, then where the manifest is."""
+    table = Table(title="captured", title_justify="left", show_edge=False)
+    for column in ("rank", "steps", "trace", "MB", "events", "profiled", "exit"):
+        table.add_column(column)
+    for r in manifest["ranks"]:
+        exit_ = r.get("exit") or {"status": "killed"}
+        steps = r.get("profiled_steps")
+        table.add_row(
+            str(r["rank"]),
+            str(r["steps_logged"]),
+            "yes" if r["trace"] else "[red]no[/]",
+            f"{r['trace_bytes'] / 1e6:.1f}" if r.get("trace_bytes") else "-",
+            str(r["trace_events"] or "-"),
+            f"{steps[0]}-{steps[1]}" if steps else "-",
+            exit_["status"] if exit_["status"] == "completed" else f"[red]{exit_['status']}[/]",
+        )
+    console.print(table)
+    for line in manifest["missing"]:
+        console.print(f"[yellow]missing:[/] {escape(line)}")
+    status = manifest["status"]
+    colour = "green" if status == "completed" else "red"
+    console.print(
+        f"job [{colour}]{status}[/] (exit {manifest['exit_code']}); "
+        f"manifest: {escape(str(manifest_path))}"
+    )

@@ -1,0 +1,58 @@
+"""After the job: analyze the traces of the run and write the report.
+
+Failures here never change capture's exit status (that is the job's); they become one line
+that says what to run by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from recprof.capture import layout
+
+
+@dataclass
+class Outcome:
+    """Paths written (None when that stage did not run) and why a stage was skipped."""
+
+    analysis: Path | None = None
+    report: Path | None = None
+    note: str | None = None
+
+
+def analyze_and_report(run_dir: Path, console: Console) -> Outcome:
+    """Run `analyze_paths` on the run's traces, save the JSON, then `write_report`."""
+    traces_dir = run_dir / layout.TRACES
+    if not any(traces_dir.glob("*" + layout.TRACE_SUFFIX)):
+        return Outcome(note="no trace was captured, so there is nothing to analyze")
+    try:
+        from recprof.analysis import analyze_paths
+    except ImportError as exc:
+        return Outcome(note=f"analysis skipped: recprof.analysis is not importable ({exc})")
+    with console.status("analyzing the traces"):
+        try:
+            result = analyze_paths([traces_dir])
+        except Exception as exc:
+            return Outcome(
+                note=f"analysis failed: {type(exc).__name__}: {exc}; "
+                f"run `recprof analyze {traces_dir}` to see why"
+            )
+    analysis = run_dir / layout.ANALYSIS
+    analysis.write_bytes(result.to_json())
+    try:
+        from recprof.report import write_report
+    except ImportError as exc:
+        return Outcome(
+            analysis=analysis,
+            note=f"report skipped: recprof.report is not importable ({exc}); "
+            f"the analysis is in {analysis}",
+        )
+    with console.status("writing the report"):
+        try:
+            report = write_report(result, out=run_dir / layout.REPORT)
+        except Exception as exc:
+            return Outcome(analysis=analysis, note=f"report failed: {type(exc).__name__}: {exc}")
+    return Outcome(analysis=analysis, report=report)

@@ -1,0 +1,121 @@
+"""Runs the user's command with the hook injected, forwards signals, and leaves no orphans.
+
+The job runs in its own process group. The terminal's Ctrl-C reaches only `recprof capture`,
+which forwards it to the whole group (torchrun and every rank), so the ranks unwind through
+Python and save what they recorded. A second Ctrl-C sends SIGTERM, a third SIGKILL. When the
+job's leader has exited, whatever is left in its group is terminated.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recprof.capture import layout
+
+INJECT_DIR = Path(__file__).resolve().parent / "inject"
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+_REAP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """The profiled window and what the profiler records, as the user asked."""
+
+    wait: int
+    warmup: int
+    active: int
+    with_stack: bool
+
+
+@dataclass
+class JobResult:
+    """How the job ended, in shell convention (128 + N for death by signal N)."""
+
+    returncode: int
+    started_at: float
+    ended_at: float
+    forwarded: list[str] = field(default_factory=list)
+    leftovers_killed: bool = False
+
+
+def job_env(run_dir: Path, options: CaptureOptions) -> dict[str, str]:
+    """The user's environment plus the hook folder on PYTHONPATH and the window settings."""
+    env = dict(os.environ)
+    env.pop(layout.ENV_OWNER, None)  # capture inside a captured job starts afresh
+    previous = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(INJECT_DIR) + (os.pathsep + previous if previous else "")
+    env[layout.ENV_DIR] = str(run_dir.resolve())
+    env[layout.ENV_WAIT] = str(options.wait)
+    env[layout.ENV_WARMUP] = str(options.warmup)
+    env[layout.ENV_ACTIVE] = str(options.active)
+    env[layout.ENV_WITH_STACK] = "1" if options.with_stack else "0"
+    env[layout.ENV_LAUNCHER_PID] = str(os.getpid())
+    return env
+
+
+def run_job(
+    command: list[str],
+    env: dict[str, str],
+    on_tick: Callable[[], None],
+    on_signal: Callable[[str, str], None],
+) -> JobResult:
+    """Run `command` to completion; `on_tick` runs twice a second (progress), `on_signal` is
+    told each signal capture receives and what it forwards."""
+    started = time.time()
+    proc = subprocess.Popen(command, env=env, process_group=0)
+    result = JobResult(returncode=0, started_at=started, ended_at=started)
+
+    def forward(signum: int, frame: object) -> None:
+        received = signal.Signals(signum).name
+        sent = _ESCALATION[min(len(result.forwarded), len(_ESCALATION) - 1)]
+        result.forwarded.append(received)
+        on_signal(received, sent.name)
+        _signal_group(proc.pid, sent)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                on_tick()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:  # capture itself is failing: do not leave the job behind
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    result.leftovers_killed = _reap_group(proc.pid)
+    result.returncode = 128 - rc if rc < 0 else rc
+    result.ended_at = time.time()
+    return result
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the job's process group (0: only probe); False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _reap_group(pgid: int) -> bool:
+    """Terminate what the job left in its group (ranks whose launcher died); True if any."""
+    if not _signal_group(pgid, signal.SIGTERM):
+        return False
+    deadline = time.monotonic() + _REAP_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if not _signal_group(pgid, 0):
+            return True
+    _signal_group(pgid, signal.SIGKILL)
+    return True

@@ -1,0 +1,197 @@
+"""The run's manifest: what was captured, per rank, and what is missing and why.
+
+Built by the launcher from what the ranks left in the run folder (it never trusts that a rank
+finished: a rank killed by SIGKILL leaves metadata that still says "running"), so it is right
+after crashes, early exits and Ctrl-C too. Written once before the job starts (status
+"running") and again at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from recprof.capture import layout
+from recprof.capture.launcher import CaptureOptions, JobResult
+
+SCHEMA = "recprof.capture.manifest/1"
+
+
+def build_manifest(
+    run_dir: Path, command: list[str], options: CaptureOptions, job: JobResult | None
+) -> dict[str, Any]:
+    """Describe the run folder as it is now; `job` is None while the job is still running."""
+    metas = _read_metas(run_dir)
+    ranks = [_rank_entry(run_dir, meta) for meta in metas]
+    world = max((int(m.get("world_size") or 1) for m in metas), default=None)
+    missing = [f"rank {r['rank']}: {r['missing']}" for r in ranks if r.get("missing")]
+    seen = {r["rank"] for r in ranks}
+    if world is not None:
+        absent = [r for r in range(world) if r not in seen]
+        if absent:
+            missing.append(
+                f"ranks {_ranges(absent)} of {world}: nothing in this folder (captured on "
+                "another node into its own folder, or never started)"
+            )
+    if not metas and job is not None:
+        missing.append(
+            "no rank started capturing: the command started no Python process with RANK set, "
+            "or its Python cannot import recprof"
+        )
+    return {
+        "schema": SCHEMA,
+        "status": _status(job),
+        "command": command,
+        "capture": {
+            "wait": options.wait,
+            "warmup": options.warmup,
+            "active": options.active,
+            "window_steps": [
+                options.wait + options.warmup,
+                options.wait + options.warmup + options.active - 1,
+            ],
+            "record_shapes": True,
+            "with_stack": options.with_stack,
+        },
+        "host": socket.gethostname(),
+        "started_at": job.started_at if job else time.time(),
+        "ended_at": job.ended_at if job else None,
+        "exit_code": job.returncode if job else None,
+        "signals_forwarded": job.forwarded if job else [],
+        "leftover_processes_killed": job.leftovers_killed if job else False,
+        "world_size": world,
+        "captured": {
+            "traces": sum(1 for r in ranks if r["trace"]),
+            "step_logs": sum(1 for r in ranks if r["steps_logged"]),
+            "meta": len(ranks),
+        },
+        "ranks": ranks,
+        "missing": missing,
+        "analysis": None,
+        "report": None,
+    }
+
+
+def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> Path:
+    """Write `manifest.json` atomically and return its path."""
+    path = run_dir / layout.MANIFEST
+    layout.write_json_atomic(path, manifest)
+    return path
+
+
+def _status(job: JobResult | None) -> str:
+    if job is None:
+        return "running"
+    if job.forwarded:
+        return "interrupted"
+    return "completed" if job.returncode == 0 else "failed"
+
+
+def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
+    metas = []
+    for path in sorted((run_dir / layout.META).glob("rank*.json")):
+        try:
+            metas.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(metas, key=lambda m: m.get("rank", -1))
+
+
+def _rank_entry(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """One rank: its files, how far it got, and (if incomplete) what is missing and why."""
+    rank = meta["rank"]
+    prof = meta.get("profiler", {})
+    steps_file = layout.steps_path(run_dir, rank)
+    steps_logged = _count_lines(steps_file)
+    trace = prof.get("trace")
+    entry: dict[str, Any] = {
+        "rank": rank,
+        "host": meta.get("host"),
+        "pid": meta.get("pid"),
+        "trace": trace,
+        "trace_bytes": prof.get("bytes"),
+        "trace_events": _count_events(run_dir / trace) if trace else None,
+        "profiled_steps": prof.get("steps"),
+        "profiler": prof.get("status"),
+        "step_source": meta.get("step_source"),
+        "steps": str(steps_file.relative_to(run_dir)) if steps_file.exists() else None,
+        "steps_logged": steps_logged,
+        "meta": str(layout.meta_path(run_dir, rank).relative_to(run_dir)),
+        "exit": meta.get("exit"),
+    }
+    reason = _missing_reason(meta, steps_logged)
+    if reason:
+        entry["missing"] = reason
+    return entry
+
+
+def _missing_reason(meta: dict[str, Any], steps_logged: int) -> str | None:
+    prof = meta.get("profiler", {})
+    status = prof.get("status")
+    first, last = meta.get("window_steps", [None, None])
+    ended = meta.get("exit")
+    if status == "written":
+        return None
+    if status == "partial":
+        got = prof.get("steps", ["?", "?"])
+        return f"trace is partial: steps {got[0]}-{got[1]} of {first}-{last} (rank ended early)"
+    if status == "stepped_aside":
+        return (
+            f"no recprof trace: the script runs its own profiler ({prof.get('reason')}); "
+            "its step times and metadata are here"
+        )
+    if status == "failed":
+        return f"no trace: the profiler failed ({prof.get('error')})"
+    if ended is None:
+        where = "while recording" if status == "recording" else f"after {steps_logged} steps"
+        return (
+            f"no trace: the rank was killed {where} without a chance to save "
+            "(SIGKILL, os._exit, or stuck until the launcher's timeout)"
+        )
+    if meta.get("step_source") is None:
+        return (
+            "no trace: no step boundary was seen (no torch optimizer step, no module call and "
+            "no recprof.step())"
+        )
+    how = "ended" if ended.get("status") == "completed" else f"ended ({ended.get('status')})"
+    return (
+        f"no trace: the rank {how} after {steps_logged} steps, before the window "
+        f"(steps {first}-{last}); lower --wait/--warmup or run longer"
+    )
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _count_events(path: Path) -> int | None:
+    """Number of trace events, or None when the file cannot be read as a trace."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    return len(events)
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    parts: list[str] = []
+    start = prev = values[0]
+    for v in [*values[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(parts)

@@ -1,0 +1,72 @@
+"""What the user sees while the job runs: one rich line per thing that happened on a rank.
+
+The ranks append events to `events.jsonl` in the run folder; this tails it. Discrete lines (not a
+live panel) interleave cleanly with the job's own output and stay readable in CI logs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from recprof.capture import layout
+
+
+class EventTail:
+    """Prints the events the ranks wrote since the last call."""
+
+    def __init__(self, run_dir: Path, console: Console) -> None:
+        self.path = run_dir / layout.EVENTS
+        self.console = console
+        self.offset = 0
+
+    def poll(self) -> None:
+        """Read complete new lines and print them."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            text = describe(event)
+            if text:
+                self.console.print(text, highlight=False)
+
+
+def describe(event: dict[str, Any]) -> str | None:
+    """One rich-markup line for an event, or None for events not worth a line."""
+    rank = event.get("rank")
+    kind = event.get("event")
+    who = f"[cyan]recprof[/] rank {rank}:"
+    if kind == "started":
+        return f"{who} hooked (pid {event.get('pid')})"
+    if kind == "window":
+        return f"{who} recording from step {event.get('step')}"
+    if kind == "trace":
+        first, last = event.get("steps", ["?", "?"])
+        partial = " [yellow](partial: the rank ended inside the window)[/]"
+        size = event.get("bytes", 0) / 1e6
+        return f"{who} trace written, steps {first}-{last}, {size:.1f} MB" + (
+            partial if event.get("partial") else ""
+        )
+    if kind == "aside":
+        reason = escape(str(event.get("reason")))
+        return f"{who} [yellow]the script runs its own profiler ({reason}); capture steps aside[/]"
+    if kind == "exit":
+        status = event.get("status")
+        if status == "completed":
+            return None
+        detail = escape(str(event.get("error") or event.get("signal") or ""))
+        return f"{who} [red]ended: {status}[/] {detail}".rstrip()
+    return None

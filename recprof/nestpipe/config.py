@@ -1,0 +1,222 @@
+"""The trainer's configuration: one flat set of keys, loaded from YAML/TOML plus `--set` overrides.
+
+The keys are flat on purpose: the tuner and the report's findings address knobs by bare name
+(`qcomms=fp16`, `hsp_groups=2`), so a key is the same string in a file, on the command line and
+in `summary.json`. Every problem is a `RecprofError` whose message starts with the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recprof.errors import RecprofError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 has no tomllib: YAML configs only there
+    tomllib = None
+
+QCOMMS_CHOICES = ("fp32", "bf16", "fp16", "fp8")
+SHARDING_CHOICES = ("row", "table")
+BACKEND_CHOICES = ("auto", "gloo", "nccl")
+DATA_CHOICES = ("synthetic", "tsv")
+DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
+
+
+@dataclass
+class TrainConfig:
+    """Every key the trainer accepts, with defaults that train a small model on CPU."""
+
+    # schedule
+    steps: int = 60
+    warmup_steps: int = 10
+    seed: int = 0
+    batch_size: int = 1024
+    eval_batches: int = 4
+    # data
+    data: str = "synthetic"
+    data_path: str = ""
+    eval_data_path: str = ""
+    zipf_alpha: float = 1.1
+    vocab_size: int = 100_000
+    bag_size: int = 4
+    signal_scale: float = 1.0
+    num_workers: int = 1
+    pin_memory: bool = True
+    # model
+    num_dense: int = 13
+    num_features: int = 8
+    num_tables: int = 8
+    num_embeddings: int | list[int] = 20_000
+    embedding_dim: int = 16
+    bottom_mlp: list[int] = field(default_factory=lambda: [64])
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    # optimizers
+    dense_optimizer: str = "adagrad"
+    dense_lr: float = 0.05
+    embedding_lr: float = 0.05
+    adagrad_eps: float = 1e-8
+    # the knobs (contract names)
+    hsp_groups: int = 1
+    qcomms: str = "fp32"
+    reshape: int = 1
+    sharding: str = "row"
+    fuse_tables: bool = True
+    micro_batches: int = 1
+    dbp: bool = False
+    clustering: bool = False
+    # runtime
+    backend: str = "auto"
+
+    def table_rows(self) -> list[int]:
+        """Rows per table after reshape: capacity kept, so rows grow by the factor k."""
+        base = self.num_embeddings
+        sizes = base if isinstance(base, list) else [base] * self.num_tables
+        return [n * self.reshape for n in sizes]
+
+    @property
+    def dim(self) -> int:
+        """Embedding width on the wire and in the interaction, after reshape."""
+        return self.embedding_dim // self.reshape
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved configuration, as written into summary.json."""
+        return dataclasses.asdict(self)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _type_name(annotation: str) -> str:
+    return {
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "str": "a string",
+        "list[int]": "a list of integers",
+        "int | list[int]": "an integer or a list of integers",
+    }[annotation]
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Check one value against the key's declared type; ints are accepted where floats are."""
+    annotation = str(_FIELDS[key].type)
+    ok: bool
+    if annotation == "bool":
+        ok = isinstance(value, bool)
+    elif annotation == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation == "float":
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif annotation == "str":
+        ok = isinstance(value, str)
+    else:
+        is_int_list = isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        )
+        ok = is_int_list or (
+            annotation == "int | list[int]" and isinstance(value, int)
+            and not isinstance(value, bool)
+        )
+    if not ok:
+        raise RecprofError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
+    return value
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise RecprofError(f"config: no such file {path}")
+    text = path.read_text()
+    if path.suffix == ".toml" and tomllib is None:
+        raise RecprofError(f"config: {path}: TOML configs need Python 3.11+, use YAML")
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RecprofError(f"config: {path} does not parse: {first}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecprofError(f"config: {path} must hold a mapping of keys to values")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise RecprofError(f"--set: expected key=value, got {item!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(path: Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read the file (YAML unless it ends in .toml), apply `--set key=value`, check each value."""
+    values: dict[str, Any] = _read_file(path) if path is not None else {}
+    for item in overrides:
+        key, value = _parse_override(item)
+        values[key] = value
+    for key in values:
+        if key not in _FIELDS:
+            raise RecprofError(f"{key}: unknown config key")
+    return TrainConfig(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def _require(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise RecprofError(f"{key}: {problem}")
+
+
+def validate(cfg: TrainConfig, world_size: int) -> None:
+    """Check the values against each other and against the job shape; raise on the first problem."""
+    for key in ("steps", "batch_size", "num_features", "num_tables", "embedding_dim",
+                "vocab_size", "bag_size", "hsp_groups", "reshape", "micro_batches",
+                "num_dense"):
+        _require(getattr(cfg, key) >= 1, key, f"must be >= 1, got {getattr(cfg, key)}")
+    for key in ("warmup_steps", "eval_batches", "num_workers"):
+        _require(getattr(cfg, key) >= 0, key, f"must be >= 0, got {getattr(cfg, key)}")
+    _require(cfg.warmup_steps < cfg.steps, "warmup_steps",
+             f"must be < steps ({cfg.steps}) to leave a steady window, got {cfg.warmup_steps}")
+    _require(cfg.qcomms in QCOMMS_CHOICES, "qcomms",
+             f"must be one of {'|'.join(QCOMMS_CHOICES)}, got {cfg.qcomms!r}")
+    _require(cfg.sharding in SHARDING_CHOICES, "sharding",
+             f"must be one of {'|'.join(SHARDING_CHOICES)}, got {cfg.sharding!r}")
+    _require(cfg.backend in BACKEND_CHOICES, "backend",
+             f"must be one of {'|'.join(BACKEND_CHOICES)}, got {cfg.backend!r}")
+    _require(cfg.data in DATA_CHOICES, "data",
+             f"must be one of {'|'.join(DATA_CHOICES)}, got {cfg.data!r}")
+    _require(cfg.dense_optimizer in DENSE_OPTIMIZERS, "dense_optimizer",
+             f"must be one of {'|'.join(DENSE_OPTIMIZERS)}, got {cfg.dense_optimizer!r}")
+    _require(cfg.data != "tsv" or bool(cfg.data_path), "data_path",
+             "required when data is tsv")
+    _require(cfg.zipf_alpha > 0, "zipf_alpha", f"must be > 0, got {cfg.zipf_alpha}")
+    for key in ("dense_lr", "embedding_lr", "adagrad_eps"):
+        _require(getattr(cfg, key) > 0, key, f"must be > 0, got {getattr(cfg, key)}")
+    if isinstance(cfg.num_embeddings, list):
+        _require(len(cfg.num_embeddings) == cfg.num_tables, "num_embeddings",
+                 f"lists {len(cfg.num_embeddings)} tables but num_tables is {cfg.num_tables}")
+    _require(all(n >= 1 for n in cfg.table_rows()), "num_embeddings", "every table needs >= 1 row")
+    _require(cfg.num_tables <= cfg.num_features, "num_tables",
+             f"must be <= num_features ({cfg.num_features}): every table needs a feature")
+    _require(cfg.embedding_dim % cfg.reshape == 0, "reshape",
+             f"must divide embedding_dim ({cfg.embedding_dim}), got {cfg.reshape}")
+    _require(all(n >= 1 for n in cfg.bottom_mlp + cfg.top_mlp), "bottom_mlp",
+             "layer widths must be >= 1")
+    _require(world_size % cfg.hsp_groups == 0, "hsp_groups",
+             f"must divide the world size ({world_size}), got {cfg.hsp_groups}")
+    _require(cfg.batch_size % world_size == 0, "batch_size",
+             f"must be a multiple of the world size ({world_size}), got {cfg.batch_size}")
+    # Dual-buffer pipelining is not built yet: refuse rather than run something else.
+    _require(not cfg.dbp, "dbp", "dual-buffer pipelining is not implemented yet; use false")
+    local = cfg.batch_size // world_size
+    _require(cfg.micro_batches <= local, "micro_batches",
+             f"must be <= the per-rank batch ({local}), got {cfg.micro_batches}")

@@ -1,0 +1,54 @@
+"""Splitting a rank's batch into the micro-batches of a frozen window, optionally clustered.
+
+Which local samples go into which micro-batch does not change the step's gradient (it is a
+sum over all of them), so clustering is free to reorder. What it changes is deduplication:
+each micro-batch routes its own unique rows, so samples that share keys should travel
+together. Key-centric clustering anchors every sample on one shared key and sorts samples by
+anchor, so samples sharing that key land in the same micro-batch and the key crosses the wire
+once instead of once per micro-batch. It is a cheap one-key heuristic: on Zipf data it saves a
+few percent of unique rows (measured in tests/nestpipe), far from an optimal partition.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from recprof.nestpipe.data import Batch
+
+
+def cluster_order(batch: Batch, table_rows: list[int], table_of_feature: list[int]) -> torch.Tensor:
+    """A permutation of the batch's samples that groups samples sharing keys."""
+    num_features, size = batch.lengths.shape
+    lengths = batch.lengths.reshape(-1)
+    bag = torch.repeat_interleave(torch.arange(num_features * size, device=lengths.device),
+                                  lengths)  # bag index of every id, feature-major
+    feature, sample = bag // size, bag % size
+    rows = torch.tensor(table_rows, device=lengths.device)
+    table = torch.tensor(table_of_feature, device=lengths.device)[feature]
+    base = torch.cumsum(rows, 0) - rows
+    keys = base[table] + batch.ids % rows[table]  # one id space over all tables
+    _, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+    # Anchor: the sample's least frequent key that some other sample shares (ties: smaller
+    # key); samples with nothing shared sort last. Hot keys are in every micro-batch anyway,
+    # so grouping by them gains nothing: the shared-but-rare keys are what clustering saves.
+    total, alone = int(rows.sum()), torch.iinfo(torch.int64).max
+    freq = counts[inverse]
+    score = torch.where(freq >= 2, freq * (total + 1) + keys, torch.full_like(keys, alone))
+    anchor = torch.full((size,), alone, dtype=torch.int64, device=keys.device)
+    anchor.scatter_reduce_(0, sample, score, reduce="amin")
+    anchor = torch.where(anchor < alone, anchor % (total + 1), anchor)
+    return torch.sort(anchor, stable=True).indices
+
+
+def split(
+    batch: Batch, parts: int, cluster: bool, table_rows: list[int], table_of_feature: list[int]
+) -> list[Batch]:
+    """`parts` contiguous micro-batches (sizes differ by at most one sample)."""
+    if cluster:
+        batch = batch.select(cluster_order(batch, table_rows, table_of_feature))
+    if parts == 1:
+        return [batch]
+    bounds = [i * batch.size // parts for i in range(parts + 1)]
+    return [batch.slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]

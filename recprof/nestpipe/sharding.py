@@ -1,0 +1,90 @@
+"""Where every embedding row lives: the shard layout and the process groups that follow from HSP.
+
+With `hsp_groups` = M and world size P, ranks form M sharding groups of G = P / M consecutive
+ranks; each group holds a full replica of every table, sharded over its G ranks. Rank r is
+shard `r % G` of group `r // G`; the ranks holding the same shard in different groups form a
+replica group, the only place embedding gradients cross group boundaries (HSP all-reduce).
+
+Every rank stores its rows of all tables in one (local_rows, dim) matrix; a (table, row) key
+maps to an (owner shard, local slot) pair that the requester computes itself, so only slots
+travel on the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Groups:
+    """The process groups one rank uses: all ranks, its sharding group, its replica group."""
+
+    rank: int
+    world: int
+    shard: int  # this rank's shard index inside its sharding group
+    group_size: int  # G
+    hsp_groups: int  # M
+    shard_group: dist.ProcessGroup
+    replica_group: dist.ProcessGroup | None  # None when M == 1
+
+
+def make_groups(hsp_groups: int) -> Groups:
+    """Create the sharding and replica groups; every rank calls this (new_group is collective)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    size = world // hsp_groups
+    shard_group: dist.ProcessGroup = dist.group.WORLD
+    replica_group = None
+    if hsp_groups > 1:
+        for g in range(hsp_groups):
+            pg = dist.new_group(list(range(g * size, (g + 1) * size)))
+            if rank // size == g:
+                shard_group = pg
+        for s in range(size):
+            pg = dist.new_group(list(range(s, world, size)))
+            if rank % size == s:
+                replica_group = pg
+    return Groups(rank, world, rank % size, size, hsp_groups, shard_group, replica_group)
+
+
+class Layout:
+    """Row ownership for row-wise (cyclic hash) or table-wise sharding over G shards."""
+
+    def __init__(self, table_rows: list[int], group_size: int, sharding: str) -> None:
+        self.rows = table_rows
+        self.size = group_size
+        self.sharding = sharding
+        counts = torch.tensor(
+            [[self._count(t, s) for t in range(len(table_rows))] for s in range(group_size)]
+        )  # (G, T) rows of table t held by shard s
+        self.offsets = torch.cumsum(counts, 1) - counts  # slot of each table's first row, per shard
+        self.local_rows = counts.sum(1).tolist()
+
+    def _count(self, table: int, shard: int) -> int:
+        if self.sharding == "table":
+            return self.rows[table] if table % self.size == shard else 0
+        first = (shard - table) % self.size
+        return max(0, (self.rows[table] - first + self.size - 1) // self.size)
+
+    def locate(self, table: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner shard, local slot) for rows of one table.
+
+        Row-wise: owner = (row + table) mod G, so hot rows (any ids) spread evenly and tables
+        start on different shards; table-wise: the whole table on shard table mod G, which is
+        imbalanced whenever tables differ in size or traffic.
+        """
+        if self.sharding == "table":
+            owner = torch.full_like(rows, table % self.size)
+            return owner, rows + int(self.offsets[table % self.size, table])
+        owner = (rows + table) % self.size
+        return owner, self.offsets[:, table].to(rows.device)[owner] + rows // self.size
+
+    def shard_rows(self, table: int, shard: int) -> torch.Tensor:
+        """Global row ids of `table` held by `shard`, in local-slot order."""
+        if self.sharding == "table":
+            if table % self.size != shard:
+                return torch.empty(0, dtype=torch.int64)
+            return torch.arange(self.rows[table])
+        return torch.arange((shard - table) % self.size, self.rows[table], self.size)

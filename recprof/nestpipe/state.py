@@ -1,0 +1,59 @@
+"""`--save-state`: every trained parameter in one file, so runs can be compared from outside.
+
+Rank 0 reassembles each full table from the shards of HSP group 0 and records how far the
+other groups' replicas (weights and Adagrad state) are from group 0: HSP promises zero.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from recprof.nestpipe.embedding import ShardedEmbeddings
+
+STATE_SCHEMA = "recprof.nestpipe.state/1"
+
+
+def gather_state(emb: ShardedEmbeddings, model: nn.Module, path: Path) -> None:
+    """Gather all shards to rank 0 and write {tables, table_adagrad, dense, ...} with torch.save."""
+    groups = emb.groups
+    local = {"weight": emb.weight.detach().cpu(), "state": emb.state.cpu()}
+    gathered: list[dict[str, torch.Tensor]] | None = (
+        [{} for _ in range(groups.world)] if groups.rank == 0 else None
+    )
+    dist.gather_object(local, gathered, dst=0)
+    if gathered is None:
+        return
+    layout, size = emb.layout, groups.group_size
+    tables, adagrad = [], []
+    for t, rows in enumerate(layout.rows):
+        weight = torch.empty(rows, emb.dim)
+        state = torch.empty(rows)
+        for shard in range(size):
+            ids = layout.shard_rows(t, shard)
+            start = int(layout.offsets[shard, t])
+            weight[ids] = gathered[shard]["weight"][start : start + ids.shape[0]]
+            state[ids] = gathered[shard]["state"][start : start + ids.shape[0]]
+        tables.append(weight)
+        adagrad.append(state)
+    replica_diff = 0.0
+    for rank in range(size, groups.world):
+        ref = gathered[rank % size]
+        for key in ("weight", "state"):
+            diff = (gathered[rank][key] - ref[key]).abs().max().item() if ref[key].numel() else 0.0
+            replica_diff = max(replica_diff, diff)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "schema": STATE_SCHEMA,
+            "tables": tables,
+            "table_adagrad": adagrad,
+            "dense": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "world_size": groups.world,
+            "replica_max_abs_diff": replica_diff,
+        },
+        path,
+    )

@@ -1,0 +1,220 @@
+"""The synchronous NestPipe trainer: one batch at a time, every stage under a stable label.
+
+The step is the TorchRec-like baseline the pipelined schedules are measured against:
+
+    nestpipe:data_wait           next batch from the DataLoader (workers, pinned memory)
+    nestpipe:key_routing         dedup, owners, split-size and slot all-to-alls
+    nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-all (QComms wire format)
+    nestpipe:dense_fwd_bwd       pooling, dense forward, loss, backward
+    nestpipe:grad_a2a_bwd        unique-row gradients back to owners by all-to-all
+    nestpipe:hsp_allreduce       touched-row gradients summed across HSP groups (M > 1 only)
+    nestpipe:dense_allreduce     dense gradients (and the loss) summed over all ranks
+    nestpipe:optimizer           row-wise Adagrad on touched rows, then the dense optimizer
+
+Losses are sums over the local samples divided by the *global* batch size, so summing
+gradients over ranks gives exactly the global-batch gradient of a single process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.profiler import record_function
+
+from recprof.nestpipe.config import TrainConfig
+from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, make_loader
+from recprof.nestpipe.embedding import ShardedEmbeddings
+from recprof.nestpipe.metrics import roc_auc
+from recprof.nestpipe.microbatch import split
+from recprof.nestpipe.model import DenseArch
+from recprof.nestpipe.sharding import Groups, make_groups
+from recprof.nestpipe.state import gather_state
+
+SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
+BYTE_KINDS = ("key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce")
+
+
+def _dense_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if cfg.dense_optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.dense_lr)
+    if cfg.dense_optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.dense_lr)
+    return torch.optim.Adagrad(params, lr=cfg.dense_lr)
+
+
+class Trainer:
+    """The model (dense replica + embedding shard) and one synchronous training step."""
+
+    def __init__(self, cfg: TrainConfig, groups: Groups, device: torch.device) -> None:
+        self.cfg, self.groups, self.device = cfg, groups, device
+        torch.manual_seed(cfg.seed)  # same dense initialisation on every rank and world size
+        self.model = DenseArch(
+            cfg.num_dense, cfg.num_features, cfg.dim, cfg.bottom_mlp, cfg.top_mlp
+        ).to(device)
+        self.params = list(self.model.parameters())
+        self.optimizer = _dense_optimizer(cfg, self.params)
+        self.embeddings = ShardedEmbeddings(cfg, groups, device)
+
+    def train_step(self, batch: Batch) -> float:
+        """One step over a frozen window of `micro_batches`; returns the global mean loss.
+
+        With one micro-batch this is the synchronous baseline. With N, every micro-batch's
+        embedding fetch is started up front (parameters are frozen until the update, so
+        nothing can go stale), micro-batch i's dense compute runs while i+1.. are still on
+        the wire, and each gradient all-to-all is started as soon as its backward is done.
+        """
+        cfg, emb = self.cfg, self.embeddings
+        with record_function("nestpipe:key_routing"):
+            micro = split(batch, cfg.micro_batches, cfg.clustering, cfg.table_rows(),
+                          emb.table_of_feature)
+            routings = [emb.route(mb) for mb in micro]
+        with record_function("nestpipe:embedding_a2a_fwd"):
+            fetches = [emb.fetch_start(r) for r in routings]
+        sends, loss_sum = [], torch.zeros((), device=self.device)
+        for mb, routing, fetch in zip(micro, routings, fetches, strict=True):
+            with record_function("nestpipe:embedding_a2a_wait"):
+                leaves = emb.fetch_finish(routing, fetch, requires_grad=True)
+            with record_function("nestpipe:dense_fwd_bwd"):
+                logits = self.model(mb.dense, emb.pool(routing, leaves))
+                loss = F.binary_cross_entropy_with_logits(logits, mb.labels, reduction="sum")
+                (loss / cfg.batch_size).backward()
+                loss_sum += loss.detach()
+            with record_function("nestpipe:grad_a2a_bwd"):
+                sends.extend(emb.grads_start(routing, leaves))
+        with record_function("nestpipe:grad_a2a_wait"):
+            touched, grads = emb.grads_finish(sends)
+        if self.groups.hsp_groups > 1:
+            with record_function("nestpipe:hsp_allreduce"):
+                touched, grads = emb.hsp_allreduce(touched, grads)
+        with record_function("nestpipe:dense_allreduce"):
+            total = self._allreduce_dense(loss_sum)
+        with record_function("nestpipe:optimizer"):
+            emb.apply(touched, grads)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return total / cfg.batch_size
+
+    def _allreduce_dense(self, loss_sum: torch.Tensor) -> float:
+        """Sum dense gradients over all ranks in one flat buffer; the loss rides along."""
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [loss_sum.reshape(1)])
+        dist.all_reduce(flat)
+        self.embeddings.bytes["dense_allreduce"] += flat.numel() * 4
+        pos = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[pos : pos + n].view_as(p))
+            pos += n
+        return float(flat[-1])
+
+    @torch.no_grad()
+    def evaluate(self, batches: int) -> tuple[float | None, float | None]:
+        """Eval AUC and mean BCE over held-out global batches, gathered to every rank."""
+        if batches == 0:
+            return None, None
+        scores, labels = [], []
+        loader = make_loader(self.cfg, EVAL_STREAM, batches, self.groups.rank, self.groups.world, 0)
+        with record_function("nestpipe:eval"):
+            for batch in loader:
+                batch = batch.to(self.device)
+                routing = self.embeddings.route(batch)
+                leaves = self.embeddings.fetch(routing, requires_grad=False)
+                scores.append(self.model(batch.dense, self.embeddings.pool(routing, leaves)))
+                labels.append(batch.labels)
+        local = torch.stack([torch.cat(scores), torch.cat(labels)])
+        gathered = [torch.empty_like(local) for _ in range(self.groups.world)]
+        dist.all_gather(gathered, local)
+        both = torch.cat(gathered, dim=1).double().cpu()
+        loss = F.binary_cross_entropy_with_logits(both[0], both[1]).item()
+        return roc_auc(both[0].numpy(), both[1].numpy()), loss
+
+
+def init_distributed(cfg: TrainConfig) -> torch.device:
+    """env:// under torchrun; a single in-process rank when launched without it."""
+    use_nccl = cfg.backend == "nccl" or (cfg.backend == "auto" and torch.cuda.is_available())
+    backend = "nccl" if use_nccl else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if use_nccl:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _bytes_per_step(trainer: Trainer, steps: int) -> dict[str, float]:
+    """Bytes handed to collectives per training step, summed over ranks."""
+    local = torch.tensor([float(trainer.embeddings.bytes[k]) for k in BYTE_KINDS],
+                         dtype=torch.float64, device=trainer.device)
+    dist.all_reduce(local)
+    return {k: v / steps for k, v in zip(BYTE_KINDS, local.tolist(), strict=True)}
+
+
+def run(cfg: TrainConfig, out: Path | None, save_state: Path | None) -> dict[str, Any] | None:
+    """Join the job (torchrun env or a lone rank), train, and leave the process group."""
+    device = init_distributed(cfg)
+    try:
+        return train(cfg, device, out, save_state)
+    finally:
+        dist.destroy_process_group()
+
+
+def train(
+    cfg: TrainConfig, device: torch.device, out: Path | None, save_state: Path | None
+) -> dict[str, Any] | None:
+    """Train, evaluate, write metrics/summary (rank 0) and the optional state file.
+
+    Assumes the default process group exists, so one job can train several configs in turn.
+    Returns the summary on rank 0, None elsewhere.
+    """
+    started = time.perf_counter()
+    groups = make_groups(cfg.hsp_groups)
+    trainer = Trainer(cfg, groups, device)
+    is_main = groups.rank == 0
+    metrics_fh = None
+    if out is not None and is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        metrics_fh = (out / "metrics.jsonl").open("w")
+    loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers)
+    batches = iter(loader)
+    walls, loss = [], float("nan")
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        with record_function("nestpipe:data_wait"):
+            batch = next(batches).to(device)
+        loss = trainer.train_step(batch)
+        walls.append(time.perf_counter() - t0)
+        if metrics_fh is not None:
+            record = {"step": step, "samples": cfg.batch_size, "wall_s": walls[-1], "loss": loss}
+            metrics_fh.write(json.dumps(record) + "\n")
+    if metrics_fh is not None:
+        metrics_fh.close()
+    bytes_per_step = _bytes_per_step(trainer, cfg.steps)
+    eval_auc, eval_loss = trainer.evaluate(cfg.eval_batches)
+    if save_state is not None:
+        gather_state(trainer.embeddings, trainer.model, save_state)
+    steady = walls[cfg.warmup_steps :]
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "config": cfg.to_dict(),
+        "world_size": groups.world,
+        "backend": dist.get_backend(),
+        "throughput_samples_per_s": cfg.batch_size * len(steady) / sum(steady),
+        "steady_steps": len(steady),
+        "final_loss": loss,
+        "eval_auc": eval_auc,
+        "eval_loss": eval_loss,
+        "bytes_per_step": bytes_per_step,
+        "wall_s": time.perf_counter() - started,
+    }
+    if out is not None and is_main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary if is_main else None

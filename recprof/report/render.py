@@ -1,0 +1,128 @@
+"""Render an `AnalysisResult` into one HTML file: Jinja2 (autoescape on) + plotly.
+
+Self-contained by default: plotly.js (from the installed `plotly` package) is inlined so the
+file opens offline and can be mailed or attached to a ticket. `cdn=True` loads the same
+plotly.js version from its CDN instead, for a file a few hundred KB smaller than 5 MB.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup
+
+from recprof import __version__
+from recprof.analysis.model import AnalysisResult
+from recprof.errors import RecprofError
+from recprof.report.safe import finite, script_json
+from recprof.report.view import job_view
+
+DEFAULT_DIR = Path("reports")
+PLOTLY_CDN = "https://cdn.plot.ly/plotly-{version}.min.js"
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    """Templates ship as package data; autoescape is forced on for every template name."""
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("recprof.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _asset(name: str) -> Markup:
+    """A CSS/JS file we ship (trusted), marked safe so autoescape leaves `>` in selectors."""
+    text = resources.files("recprof.report").joinpath("templates", name).read_text("utf-8")
+    return Markup(text)
+
+
+@cache
+def _plotly_js() -> Markup:
+    """plotly.min.js from the installed plotly package (trusted code, inlined verbatim)."""
+    from plotly.offline import get_plotlyjs
+
+    js = get_plotlyjs()
+    if "</script" in js.lower():  # would end our <script> element early
+        raise RecprofError("installed plotly.js contains '</script'; cannot inline it")
+    return Markup(js)
+
+
+def _script_hash(code: str) -> str:
+    """CSP source for one inline script: 'sha256-<base64 digest of its exact text>'."""
+    digest = hashlib.sha256(code.encode("utf-8")).digest()
+    return f"'sha256-{base64.b64encode(digest).decode()}'"
+
+
+@cache
+def _plotly_hash() -> str:
+    return _script_hash(str(_plotly_js()))
+
+
+def content_security_policy(js: str, cdn_url: str | None) -> str:
+    """Only our own scripts may run: the inlined (or CDN) plotly.js and report.js, by hash.
+
+    Defence in depth behind the escaping: even a name that slipped through unescaped could
+    not run an inline script or event handler. Styles stay inline-allowed (plotly injects
+    its own), images only from data: URIs (plotly's PNG export), nothing else is fetched.
+    """
+    scripts = [_script_hash(js), cdn_url if cdn_url else _plotly_hash()]
+    return ("default-src 'none'; script-src " + " ".join(scripts) + "; "
+            "style-src 'unsafe-inline'; img-src data: blob:; font-src data:")
+
+
+def _plotly_version() -> str:
+    from plotly.offline import get_plotlyjs_version
+
+    return get_plotlyjs_version()
+
+
+def render_report(result: AnalysisResult, cdn: bool = False, source: str = "") -> str:
+    """The report's HTML text for every job in `result`."""
+    if not result.jobs:
+        detail = "; ".join(result.errors[:3]) or "no jobs found"
+        raise RecprofError(f"{source or 'analysis'}: nothing to report ({detail})")
+    views = [job_view(job, i) for i, job in enumerate(result.jobs)]
+    figs = {k: v for view in views for k, v in view.figures.items()}
+    title = ", ".join(v.id for v in views[:3]) + (f" (+{len(views) - 3})" if len(views) > 3
+                                                   else "")
+    js = _asset("report.js")
+    cdn_url = PLOTLY_CDN.format(version=_plotly_version()) if cdn else None
+    return _environment().get_template("report.html.j2").render(
+        title=title, jobs=views, version=__version__,
+        source=source or ", ".join(result.inputs[:3]),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        css=_asset("report.css"), js=js, csp=content_security_policy(js, cdn_url),
+        plotly_cdn_url=cdn_url, plotly_inline=None if cdn else _plotly_js(),
+        figures_json=script_json(finite(figs)),
+    )
+
+
+def default_report_path(result: AnalysisResult) -> Path:
+    """`reports/<job id>.html`, the id reduced to a safe file name."""
+    ids = [job.id for job in result.jobs] or ["report"]
+    stem = ids[0] if len(ids) == 1 else f"{ids[0]}-and-{len(ids) - 1}-more"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "report"
+    return DEFAULT_DIR / f"{stem[:120]}.html"
+
+
+def write_report(result: AnalysisResult, out: Path | None = None, cdn: bool = False,
+                 source: str = "") -> Path:
+    """Render `result` and write it to `out` (default `reports/<job>.html`); return the path."""
+    path = Path(out) if out is not None else default_report_path(result)
+    html = render_report(result, cdn=cdn, source=source)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise RecprofError(f"{path}: cannot write report ({exc.strerror or exc})") from None
+    return path

@@ -1,0 +1,357 @@
+"""HolisticTraceAnalysis (HTA) as a reference for recprof's overlap and idle numbers.
+
+Two halves, kept apart on purpose:
+
+* `run_hta` runs HTA's own `get_comm_comp_overlap` and `get_temporal_breakdown` in a child
+  process (this file run as a script). HTA pulls in pandas and forks a parser pool per set,
+  and reads its options (`HTA_DISABLE_NS_ROUNDING`) from the environment once; a child keeps
+  all of that out of the pytest process.
+* `hta_chain` recomputes HTA's numbers from recprof's own trace model (`RankTrace`) and
+  breakdown (`step_metrics` over `IntervalSet`s), changing one definition at a time, so every
+  gap between recprof's native numbers and HTA's is attributed to a named difference.
+
+The definitions are those of `traceinsight` 0.6.1 (import name `hta`), read from its source;
+docs/hta-mapping.md explains each one with the HTA function it comes from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recprof.analysis.breakdown import ClassUnions, step_metrics, sum_metrics
+from recprof.analysis.intervals import IntervalSet
+from recprof.analysis.windows import Window, step_windows
+from recprof.trace import ActivityClass, RankTrace, build_rank_trace, read_trace
+from recprof.trace.reader import TRACE_SUFFIXES, TraceFileError, read_bytes
+
+# The HTA release the definitions below were read from. Another release classifies kernels
+# differently (0.5.0's comm rule is `^nccl.*Kernel`), so the cross-check refuses to compare
+# against one it was not written for.
+HTA_DISTRIBUTION = "traceinsight"
+HTA_VERSION = "0.6.1"
+
+# hta/common/types.py CommunicateKernelGroupingPattern, re.match on the full event name.
+HTA_COMM = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
+# hta/common/types.py ComputeKernelGroupingPattern (inverse_match=True): a GPU event is
+# compute unless its name matches this.
+HTA_NOT_COMPUTE = re.compile(
+    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)"
+    r"|(^runFunction)|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)"
+    r"|(^collective_subgraph_execution)"
+)
+# hta/common/types.py CPU_EVENTS_CATEGORY_PATTERN: host events that survive HTA's step filter.
+HTA_CPU_CATEGORY = re.compile(r"(cpu_op)|(user_annotation)|(^(.+)_runtime)")
+# Categories recprof's trace model turns into device activity (recprof/trace/build.py).
+RECPROF_DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset",
+                             "mtia_ccp_events"}
+# A byte-level test for GPU events, so CPU-only and MTIA files are never parsed.
+_GPU_CATEGORY_BYTES = re.compile(rb'"cat"\s*:\s*"(kernel|gpu_memcpy|gpu_memset|memcpy|memset)"',
+                                 re.IGNORECASE)
+
+
+def _stream_id(args: Any) -> int | None:
+    """HTA's `stream` column: `int(args["stream"])`, -1 (here None) when absent or not int."""
+    if not isinstance(args, dict) or "stream" not in args:
+        return None
+    try:
+        return int(args["stream"])
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class RankInput:
+    """One rank file, parsed once: recprof's model plus the few raw facts HTA's definitions
+    depend on and recprof's model (rightly) does not keep."""
+
+    path: str
+    rank: int | None
+    trace: RankTrace
+    # Host-side events carrying `args.stream` (cuda_sync, AMD `hip*` runtime calls, Triton
+    # launches): HTA counts every event with a stream id as GPU activity.
+    host_stream_start: np.ndarray
+    host_stream_end: np.ndarray
+    host_stream_name: list[str]
+    host_stream_cpu_cat: np.ndarray  # bool: category HTA's step filter treats as host op
+    step_names: set[str]
+    hta_rounds: bool  # HTA's `ts` column is float64, so its ns rounding applies
+
+
+def load_rank_input(path: Path) -> RankInput:
+    raw = read_trace(path)
+    base = raw.meta.get("baseTimeNanoseconds")
+    base_us = float(base) / 1000.0 if isinstance(base, (int, float)) else 0.0
+    starts: list[float] = []
+    ends: list[float] = []
+    names: list[str] = []
+    cpu_cat: list[bool] = []
+    step_names: set[str] = set()
+    rounds = False
+    for ev in raw.events:
+        if not isinstance(ev, dict):
+            continue
+        ts, dur = ev.get("ts"), ev.get("dur")
+        rounds = rounds or not isinstance(ts, int)
+        name = str(ev.get("name") or "")
+        if name.startswith("ProfilerStep#"):
+            step_names.add(name)
+        cat = str(ev.get("cat") or "")
+        if (ev.get("ph") != "X" or not isinstance(ts, (int, float))
+                or not isinstance(dur, (int, float)) or cat.lower() in RECPROF_DEVICE_CATEGORIES
+                or _stream_id(ev.get("args")) is None):
+            continue
+        starts.append(float(ts) + base_us)
+        ends.append(float(ts) + base_us + float(dur))
+        names.append(name)
+        cpu_cat.append(bool(HTA_CPU_CATEGORY.match(cat)))
+    trace = build_rank_trace(raw)
+    return RankInput(str(path), trace.header.rank, trace, np.asarray(starts), np.asarray(ends),
+                     names, np.asarray(cpu_cat, dtype=bool), step_names, rounds)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One HTA `TraceAnalysis` input: a multi-rank set (ranks from `distributedInfo`), or a
+    single-rank file, which HTA is given as rank 0."""
+
+    label: str
+    files: dict[int, str]
+    hta_rounds: bool
+
+
+def discover_cases(root: Path) -> tuple[list[Case], dict[str, RankInput]]:
+    """Every GPU trace under `root`, parsed once. A folder whose GPU files carry distinct
+    ranks is one multi-rank set; every other GPU file is a single-rank case. CPU-only (gloo)
+    and MTIA traces are left out: both HTA analyses are defined over GPU kernels."""
+    folders: dict[Path, list[RankInput]] = {}
+    for path in sorted(root.rglob("*")):
+        if not path.name.endswith(TRACE_SUFFIXES):
+            continue
+        try:
+            if not _GPU_CATEGORY_BYTES.search(read_bytes(path)):
+                continue
+            rank_input = load_rank_input(path)
+        except TraceFileError:  # unreadable files are test_real_traces.py's business
+            continue
+        folders.setdefault(path.parent, []).append(rank_input)
+    cases: list[Case] = []
+    inputs: dict[str, RankInput] = {}
+    for folder, members in folders.items():
+        inputs.update({m.path: m for m in members})
+        ranks = [m.rank for m in members]
+        if len(members) > 1 and None not in ranks and len(set(ranks)) == len(members):
+            cases.append(Case(str(folder.relative_to(root)),
+                              {int(m.rank): m.path for m in members},  # type: ignore[arg-type]
+                              any(m.hta_rounds for m in members)))
+        else:
+            cases.extend(Case(str(Path(m.path).relative_to(root)), {0: m.path}, m.hta_rounds)
+                         for m in members)
+    return cases, inputs
+
+
+# --- HTA itself, in a child process ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HtaRank:
+    """HTA's two numbers for one rank as HTA returns them (percent, rounded to 2 decimals);
+    NaN where HTA returns NaN (a rank without communication kernels)."""
+
+    overlap_pct: float
+    idle_pct: float
+
+
+HtaResult = dict[str, dict[int, HtaRank] | str]
+
+
+def start_hta(cases: list[Case], ns_rounding: bool) -> subprocess.Popen[str]:
+    """Start HTA on `cases` in a child; `finish_hta` collects the result. Started early so it
+    runs while recprof's side is computed."""
+    env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "0" if ns_rounding else "1"}
+    proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps([dataclasses.asdict(c) for c in cases]))
+    proc.stdin.close()
+    return proc
+
+
+def finish_hta(proc: subprocess.Popen[str], timeout: float = 300) -> HtaResult:
+    """Per case: {rank: HtaRank}, or one line saying why HTA could not analyse it."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    if proc.wait(timeout) != 0:
+        raise RuntimeError(f"HTA child exited {proc.returncode}:\n{err[-3000:]}")
+    return decode_hta(json.loads(out.splitlines()[-1]))
+
+
+def decode_hta(raw: dict[str, Any]) -> HtaResult:
+    return {label: value if isinstance(value, str) else
+            {int(rank): HtaRank(float(v[0]), float(v[1])) for rank, v in value.items()}
+            for label, value in raw.items()}
+
+
+def encode_hta(result: HtaResult) -> dict[str, Any]:
+    return {label: value if isinstance(value, str) else
+            {str(rank): [v.overlap_pct, v.idle_pct] for rank, v in value.items()}
+            for label, value in result.items()}
+
+
+def _hta_child() -> None:
+    """Child side of `start_hta`: cases as JSON on stdin, one JSON line on stdout."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from hta.configs.config import logger as hta_logger
+    from hta.trace_analysis import TraceAnalysis
+
+    hta_logger.setLevel(logging.CRITICAL)
+    results: dict[str, Any] = {}
+    for case in json.loads(sys.stdin.read()):
+        files = {int(r): f for r, f in case["files"].items()}
+        try:
+            analysis = TraceAnalysis(trace_files=files)
+            overlap = analysis.get_comm_comp_overlap(visualize=False)
+            breakdown = analysis.get_temporal_breakdown(visualize=False)
+        except Exception as exc:  # HTA failing on a trace is a result here, not an error
+            results[case["label"]] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+            continue
+        ov = dict(zip(overlap["rank"], overlap["comp_comm_overlap_pctg"], strict=True))
+        idle = dict(zip(breakdown["rank"], breakdown["idle_time_pctg"], strict=True))
+        results[case["label"]] = {str(r): [float(ov[r]), float(idle[r])] for r in idle}
+    print(json.dumps(results))
+
+
+# --- recprof's model under HTA's definitions ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """recprof's overlap and idle (percent) after one more of HTA's definitions is applied."""
+
+    label: str
+    overlap_pct: float
+    idle_pct: float
+
+
+def _pct(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole > 0 else math.nan
+
+
+def native_numbers(trace: RankTrace) -> ChainStep:
+    """recprof's own overlap (hidden_comm / comm) and idle (idle / step) over every step
+    window, computed with the functions `analyze_rank_file` uses for `totals`."""
+    windows, _ = step_windows(trace)
+    unions = ClassUnions.of(trace)
+    totals = sum_metrics([step_metrics(unions, w) for w in windows])
+    return ChainStep("native", _pct(totals.hidden_comm, totals.comm),
+                     _pct(totals.idle, totals.step))
+
+
+def _lone_negative(start: np.ndarray, end: np.ndarray) -> float:
+    """Total (negative) length HTA's `merge_kernel_intervals` adds for rounded intervals that
+    ended up with end < start and begin a merged group of their own: such a group is
+    [start, end] itself, and HTA sums end - start over groups. Earlier-starting intervals
+    reaching `start` absorb it instead."""
+    negative = end < start
+    if not negative.any():
+        return 0.0
+    positive = IntervalSet.of(start[~negative], end[~negative])
+    total = 0.0
+    for s, e in zip(start[negative], end[negative], strict=True):
+        i = int(np.searchsorted(positive.starts, s, side="right")) - 1
+        if i < 0 or positive.ends[i] < s:
+            total += float(e - s)
+    return total
+
+
+def hta_chain(rank: RankInput, set_step_names: int) -> list[ChainStep]:
+    """recprof's numbers for one rank, moved to HTA's definitions one at a time.
+
+    1. native: recprof's totals over every step window (the last step included).
+    2. HTA window: with two or more distinct ProfilerStep names in the set, only activity
+       whose launching host event starts before the rank's last ProfilerStep (recprof's
+       `launch` column); one window from the first kept activity's start to the last one's
+       end (HTA's `kernel_time`).
+    3. HTA GPU events: plus host-side events that carry `args.stream`, which HTA counts as GPU
+       activity (under the step filter only those in a host-op category survive).
+    4. HTA classes: comm = names matching `HTA_COMM`; compute = names not matching
+       `HTA_NOT_COMPUTE`; the rest (copies, memsets, syncs) is neither.
+    5. HTA ns rounding (only where HTA applies it): start rounded up, end down to whole
+       microseconds, including HTA's treatment of intervals this leaves with end < start.
+    """
+    trace = rank.trace
+    steps = [native_numbers(trace)]
+    filtering = set_step_names >= 2 and bool(trace.steps)
+    last_start = max((s.start_us for s in trace.steps), default=math.inf)
+    acts = trace.activities
+    if filtering:
+        with np.errstate(invalid="ignore"):
+            acts = acts.select(acts.launch < last_start)  # NaN launch compares False: dropped
+    if len(acts) == 0:
+        return steps
+    kept = dataclasses.replace(trace, activities=acts)
+    window = Window(None, float(acts.start.min()), float(acts.end.max()))
+    steps.append(ChainStep("HTA window", *_overlap_idle(kept, window)))
+
+    host = np.ones(len(rank.host_stream_start), dtype=bool)
+    if filtering:
+        host = rank.host_stream_cpu_cat & (rank.host_stream_start < last_start)
+    names = [trace.names[i] for i in acts.name] + [
+        n for n, keep in zip(rank.host_stream_name, host, strict=True) if keep]
+    n_host = int(host.sum())
+    start = np.concatenate([acts.start, rank.host_stream_start[host]])
+    end = np.concatenate([acts.end, rank.host_stream_end[host]])
+    klass = np.concatenate([acts.klass, np.full(n_host, ActivityClass.OTHER, dtype=np.int8)])
+    steps.append(ChainStep("HTA GPU events", *_numbers(trace, start, end, klass, names)))
+
+    comm = np.fromiter((bool(HTA_COMM.match(n)) for n in names), bool, len(names))
+    compute = np.fromiter((not HTA_NOT_COMPUTE.match(n) for n in names), bool, len(names))
+    klass = np.full(len(names), ActivityClass.OTHER, dtype=np.int8)
+    klass[compute] = ActivityClass.COMPUTE
+    klass[comm] = ActivityClass.COMM
+    steps.append(ChainStep("HTA classes", *_numbers(trace, start, end, klass, names)))
+
+    if rank.hta_rounds:
+        start, end = np.ceil(start), np.floor(end)
+        steps.append(ChainStep("HTA ns rounding", *_numbers(trace, start, end, klass, names)))
+    return steps
+
+
+def _overlap_idle(trace: RankTrace, window: Window) -> tuple[float, float]:
+    m = step_metrics(ClassUnions.of(trace), window)
+    return _pct(m.hidden_comm, m.comm), _pct(m.idle, m.step)
+
+
+def _numbers(trace: RankTrace, start: np.ndarray, end: np.ndarray, klass: np.ndarray,
+             names: list[str]) -> tuple[float, float]:
+    """Overlap and idle of arbitrary activity columns in recprof's breakdown, over HTA's
+    window, corrected for rounded intervals with end < start (see `_lone_negative`)."""
+    n = len(start)
+    acts = dataclasses.replace(
+        trace.activities, start=start, end=end, klass=klass,
+        lane=np.zeros(n, dtype=np.int32), name=np.zeros(n, dtype=np.int32),
+        launch=start, coll_kind=np.full(n, -1, dtype=np.int16),
+        coll_group=np.full(n, -1, dtype=np.int32), coll_bytes=np.full(n, math.nan))
+    window = Window(None, float(start.min()), float(max(end.max(), start.min())))
+    m = step_metrics(ClassUnions.of(dataclasses.replace(trace, activities=acts)), window)
+    is_comm = klass == ActivityClass.COMM
+    comm = m.comm + _lone_negative(start[is_comm], end[is_comm])
+    busy = m.step - m.idle + _lone_negative(start, end)
+    return _pct(m.hidden_comm, comm), _pct(m.step - busy, m.step)
+
+
+if __name__ == "__main__":
+    _hta_child()

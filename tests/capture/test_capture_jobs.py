@@ -1,0 +1,228 @@
+"""`recprof capture` on real jobs: torchrun with 2 gloo ranks on CPU, or a plain `python`.
+
+Each test runs a real job under capture and checks what lands in the run folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from capture_helpers import (
+    EXAMPLE,
+    JOB_ENV,
+    REPO_ROOT,
+    TINY_JOB,
+    TORCHRUN,
+    alive,
+    capture_cmd,
+    explain,
+    manifest,
+    meta,
+    profiler_steps,
+    run_capture,
+    step_log,
+    trace_events,
+)
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+
+def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: Path) -> None:
+    """The acceptance run: `recprof capture -- torchrun ... examples/ddp_sharded_embedding.py`."""
+    torchrun = shutil.which("torchrun")
+    assert torchrun, "torchrun not on PATH"
+    out = tmp_path / "run"
+    job = [
+        torchrun,
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(EXAMPLE),
+        "--steps",
+        "8",
+        "--num-rows",
+        "20000",
+        "--batch-size",
+        "128",
+    ]
+    proc = run_capture(out, (2, 1, 3), *job, report=True)
+    assert proc.returncode == 0, explain(proc)
+
+    traces = sorted((out / "traces").glob("*.pt.trace.json"))
+    assert [t.name.split("_")[0] for t in traces] == ["rank0", "rank1"]
+    for rank, trace in enumerate(traces):
+        top, events = trace_events(trace)
+        assert top["distributedInfo"]["rank"] == rank
+        assert top["distributedInfo"]["world_size"] == 2
+        assert profiler_steps(events) == [3, 4, 5]
+        gloo = [e for e in events if e.get("name", "").startswith("gloo:")]
+        assert {e["name"] for e in gloo} == {"gloo:all_to_all", "gloo:all_reduce"}
+        # gloo's worker threads (usually named pt_gloo_runloop, but kineto sometimes records
+        # the name before gloo sets it), never the main thread
+        assert all(e["cat"] == "user_annotation" and e["tid"] != e["pid"] for e in gloo)
+        assert all("Input Dims" in e["args"] for e in gloo)  # shapes recorded
+        # every step is logged, and the profiled ones are the trace's ProfilerStep#N
+        log = step_log(out, rank)
+        assert [s["step"] for s in log] == list(range(8))
+        assert [s["step"] for s in log if s["phase"] == "active"] == [3, 4, 5]
+        m = meta(out, rank)
+        assert m["exit"] == {"status": "completed", "code": 0}
+        assert m["step_source"] == "optimizer"
+        assert m["distributed"] == {"backend": "gloo", "world_size": 2, "rank": rank}
+        assert m["torch"].startswith("2.") and m["host"] and m["devices"]
+        assert m["env"]["LOCAL_RANK"] == str(rank)
+
+    man = manifest(out)
+    assert man["status"] == "completed" and man["exit_code"] == 0
+    assert man["captured"] == {"traces": 2, "step_logs": 2, "meta": 2}
+    assert man["missing"] == []
+    assert all(r["trace_events"] > 100 for r in man["ranks"])
+    assert man["analysis"] == "analysis.json" and (out / "analysis.json").stat().st_size > 0
+    assert man["report"] == "report.html"
+    assert f"report: {out / 'report.html'}" in " ".join(proc.stderr.split())
+
+
+def test_job_without_optimizer_steps_on_the_outermost_forward(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_capture(
+        out, (1, 1, 2), *TORCHRUN, "2", str(TINY_JOB), "--steps", "6", "--no-optimizer"
+    )
+    assert proc.returncode == 0, explain(proc)
+    for rank in (0, 1):
+        assert meta(out, rank)["step_source"] == "forward"
+        # 6 forwards are 6 boundaries: 5 complete steps (the last has no end)
+        assert [s["step"] for s in step_log(out, rank)] == [0, 1, 2, 3, 4]
+    traces = sorted((out / "traces").glob("*.pt.trace.json"))
+    assert len(traces) == 2
+    assert profiler_steps(trace_events(traces[0])[1]) == [2, 3]
+
+
+def test_custom_loop_with_recprof_step_in_a_plain_python_job(tmp_path: Path) -> None:
+    """`recprof capture -- python train.py` (no torchrun, no RANK) with `recprof.step()`."""
+    out = tmp_path / "run"
+    proc = run_capture(
+        out,
+        (1, 1, 2),
+        sys.executable,
+        str(TINY_JOB),
+        "--steps",
+        "6",
+        "--no-optimizer",
+        "--manual-steps",
+    )
+    assert proc.returncode == 0, explain(proc)
+    m = meta(out, 0)
+    assert m["step_source"] == "manual" and m["world_size"] == 1
+    assert [s["step"] for s in step_log(out, 0)] == list(range(6))
+    assert manifest(out)["captured"]["traces"] == 1
+
+
+def test_crash_on_one_rank_keeps_what_was_written(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_capture(
+        out,
+        (1, 1, 4),
+        *TORCHRUN,
+        "2",
+        str(TINY_JOB),
+        "--steps",
+        "20",
+        "--crash-rank",
+        "1",
+        "--crash-step",
+        "3",
+    )
+    assert proc.returncode != 0, explain(proc)
+    man = manifest(out)
+    assert man["status"] == "failed" and man["exit_code"] == proc.returncode
+    crashed = meta(out, 1)
+    assert crashed["exit"]["status"] == "exception"
+    assert "injected failure on rank 1 at step 3" in crashed["exit"]["error"]
+    # rank 1 was recording steps 2..5 and died in step 3: its partial trace was saved at exit
+    assert crashed["profiler"]["status"] == "partial"
+    assert profiler_steps(trace_events(out / crashed["profiler"]["trace"])[1]) == [2, 3]
+    assert any(line.startswith("rank 1: trace is partial") for line in man["missing"])
+    # the survivor is accounted for whichever way it ended (gloo error or torchrun's SIGTERM)
+    assert {r["rank"] for r in man["ranks"]} == {0, 1}
+    assert len(step_log(out, 0)) >= 3
+    assert not [m["pid"] for m in (meta(out, 0), crashed) if alive(m["pid"])]
+
+
+def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_capture(
+        out, (1, 1, 2), *TORCHRUN, "2", str(TINY_JOB), "--steps", "6", "--self-profile"
+    )
+    assert proc.returncode == 0, explain(proc)
+    assert "already enabled" not in proc.stderr
+    assert "runs its own profiler" in proc.stderr
+    assert list((out / "traces").iterdir()) == []
+    man = manifest(out)
+    assert len(man["missing"]) == 2 and all("its own profiler" in line for line in man["missing"])
+    for rank in (0, 1):
+        assert meta(out, rank)["profiler"]["status"] == "stepped_aside"
+        assert {s["phase"] for s in step_log(out, rank)} == {"unprofiled"}
+
+
+def test_job_that_exits_before_the_window(tmp_path: Path) -> None:
+    """Default window (steps 7-11) on a 3-step job: no trace, the manifest says why."""
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "recprof",
+        "capture",
+        "--out",
+        str(out),
+        "--",
+        sys.executable,
+        str(TINY_JOB),
+        "--steps",
+        "3",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, env=JOB_ENV, cwd=REPO_ROOT
+    )
+    assert proc.returncode == 0, explain(proc)
+    man = manifest(out)
+    assert man["captured"]["traces"] == 0 and man["captured"]["step_logs"] == 1
+    assert "before the window (steps 7-11)" in man["missing"][0]
+    assert meta(out, 0)["profiler"]["status"] == "not_reached"
+    assert "nothing to analyze" in proc.stderr
+
+
+def test_ctrl_c_is_forwarded_and_leaves_no_orphans(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = capture_cmd(
+        out, (2, 1, 200), *TORCHRUN, "2", str(TINY_JOB), "--steps", "400", "--step-sleep", "0.02"
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=JOB_ENV, cwd=REPO_ROOT
+    )
+    events = out / "events.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if events.exists() and events.read_text().count('"window"') == 2:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)  # a few recorded steps
+    proc.send_signal(signal.SIGINT)  # what the terminal does on Ctrl-C
+    stdout, stderr = proc.communicate(timeout=120)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    assert proc.returncode != 0, explain(done)
+    assert "SIGINT received, sending SIGINT to the job" in stderr
+    man = manifest(out)
+    assert man["status"] == "interrupted" and man["signals_forwarded"] == ["SIGINT"]
+    assert man["exit_code"] == proc.returncode
+    for rank in (0, 1):
+        m = meta(out, rank)
+        assert m["exit"]["status"] in ("interrupted", "signal"), m["exit"]
+        assert m["profiler"]["status"] == "partial"  # unwound through Python: trace saved
+        assert not alive(m["pid"])

@@ -1,0 +1,162 @@
+"""Fast checks of capture's pieces that need no multi-process job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from capture_helpers import REPO_ROOT
+from typer.testing import CliRunner
+
+from recprof.capture import layout
+from recprof.capture.hook import RankCapture, Schedule
+from recprof.capture.launcher import INJECT_DIR, CaptureOptions, JobResult
+from recprof.capture.manifest import build_manifest
+from recprof.cli import app
+from recprof.errors import RecprofError
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_injected_sitecustomize_runs_the_one_it_shadows(tmp_path: Path) -> None:
+    """A job's own sitecustomize (a virtualenv's, a site's) must still run under capture."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import builtins\nbuiltins.THEIRS_RAN = True\n")
+    env = {**os.environ, "PYTHONPATH": f"{INJECT_DIR}{os.pathsep}{theirs}"}
+    proc = _python(
+        "import builtins, sitecustomize; print(builtins.THEIRS_RAN, sitecustomize.__file__)", env
+    )
+    assert proc.returncode == 0, proc.stderr
+    ran, loaded = proc.stdout.split()
+    assert ran == "True"
+    assert Path(loaded).parent == INJECT_DIR
+
+
+def test_hook_stays_quiet_outside_a_rank(tmp_path: Path) -> None:
+    """The torchrun agent (no RANK, not capture's child) must not capture anything."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(INJECT_DIR),
+        layout.ENV_DIR: str(tmp_path),
+        layout.ENV_LAUNCHER_PID: "1",
+    }
+    env.pop("RANK", None)
+    proc = _python("import sys; print('torch' in sys.modules)", env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"  # and the hook did not import torch either
+    assert not (tmp_path / layout.META).exists()
+
+
+def test_hook_activates_in_a_rank_without_importing_torch(tmp_path: Path) -> None:
+    """A rank's process writes its metadata at start-up but leaves `import torch` to the job."""
+    env = {**os.environ, "PYTHONPATH": str(INJECT_DIR), layout.ENV_DIR: str(tmp_path), "RANK": "3"}
+    proc = _python("import sys; print('torch' in sys.modules)", env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+    meta = json.loads((tmp_path / "meta" / "rank3.json").read_text())
+    assert meta["rank"] == 3
+    assert meta["exit"] == {"status": "completed", "code": 0}
+    assert meta["profiler"]["status"] == "not_reached"
+
+
+def test_recprof_step_is_a_noop_outside_capture() -> None:
+    proc = _python(
+        "import sys, recprof; recprof.step(); print('torch' in sys.modules)", dict(os.environ)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_manifest_explains_a_rank_killed_without_saving(tmp_path: Path) -> None:
+    """SIGKILL leaves metadata that still says 'recording' and no exit record."""
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "rank0.jsonl").write_text('{"step": 0}\n' * 4)
+    stale = {
+        "rank": 0,
+        "world_size": 2,
+        "profiler": {"status": "recording"},
+        "window_steps": [3, 5],
+        "step_source": "optimizer",
+    }
+    (tmp_path / "meta" / "rank0.json").write_text(json.dumps(stale))
+    job = JobResult(returncode=137, started_at=0.0, ended_at=1.0)
+    m = build_manifest(tmp_path, ["torchrun", "x.py"], CaptureOptions(3, 0, 3, False), job)
+    assert m["status"] == "failed"
+    assert m["ranks"][0]["steps_logged"] == 4
+    assert "killed while recording" in m["missing"][0]
+    assert m["missing"][1].startswith("ranks 1 of 2: nothing in this folder")
+
+
+def test_cli_user_errors_are_recprof_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    cases = [
+        (["--wait", "0", "--warmup", "0", "--", sys.executable, "-c", "1"], "--wait + --warmup"),
+        (["--out", str(tmp_path)], "no command to run"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["capture", *args])
+        assert isinstance(result.exception, RecprofError), result.output
+        assert message in str(result.exception)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_cli_prints_a_user_error_as_one_line_with_exit_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--", "no-such-command-xyz"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: command not found: no-such-command-xyz"
+
+
+class _Thing:
+    """Stands for a module or an optimizer: only identity and weak references matter."""
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.removed = False
+
+    def remove(self) -> None:
+        self.removed = True
+
+
+def test_step_source_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward steps until an optimizer appears; with a dense and a sparse optimizer one step is
+    one step of the first; an optimizer that replaces it takes over; recprof.step() wins."""
+    capture = RankCapture(tmp_path, 0, Schedule(wait=1, warmup=1, active=1, with_stack=False))
+    boundaries: list[str] = []
+    monkeypatch.setattr(capture, "_boundary", lambda: boundaries.append(str(capture.source)))
+    opt_hook, fwd_hook = _Handle(), _Handle()
+    capture._handles = [opt_hook, fwd_hook]
+    outer, inner, dense, sparse, replacement = (_Thing() for _ in range(5))
+
+    capture._on_forward(outer, ())
+    capture._on_forward(inner, ())  # a submodule: not a step
+    assert boundaries == ["forward"]
+    for _ in range(2):  # two iterations, each stepping both optimizers
+        capture._on_optimizer_step(dense, (), {})
+        capture._on_optimizer_step(sparse, (), {})
+    assert boundaries == ["forward", "optimizer", "optimizer"]
+    assert fwd_hook.removed and not opt_hook.removed
+    capture._on_optimizer_step(replacement, (), {})
+    capture._on_optimizer_step(replacement, (), {})  # twice without `dense`: it took over
+    capture._on_optimizer_step(replacement, (), {})
+    assert boundaries[3:] == ["optimizer", "optimizer"]
+    capture.manual_step()
+    capture._on_optimizer_step(replacement, (), {})
+    assert boundaries[5:] == ["manual"] and opt_hook.removed
+    capture.steps_file.close()

@@ -1,0 +1,114 @@
+"""Real multi-process runs under torchrun (gloo): exactness, HSP, QComms/reshape bytes, learning.
+
+Exactness is checked from outside, on the `--save-state` files, the way a user would compare
+two runs. The HSP comparison has a bugged counterpart that must fail, so the tolerance is shown
+to be tight enough to catch a real mistake.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+
+import pytest
+import torch
+from nestpipe_runs import DEMO, REPO, TINY, Run, Runs, check, states_close, torchrun
+
+pytestmark = pytest.mark.slow
+
+
+def _losses(run: Run) -> torch.Tensor:
+    return torch.tensor([m["loss"] for m in run.metrics])
+
+
+@pytest.mark.parametrize("variant", ["row_fused", "row_unfused", "table_fused", "table_unfused"])
+def test_two_ranks_equal_one_rank(runs: Runs, variant: str) -> None:
+    one, two = runs.single(), runs[variant]
+    assert states_close(one.state, two.state)
+    assert torch.allclose(_losses(one), _losses(two), rtol=1e-5)
+    assert two.summary["bytes_per_step"]["embedding_a2a_fwd"] > 0  # really sharded
+
+
+@pytest.mark.parametrize("variant", ["fwp2", "fwp4_clustered"])
+def test_frozen_window_equals_synchronous(runs: Runs, variant: str) -> None:
+    assert states_close(runs.single().state, runs[variant].state)
+    assert torch.allclose(_losses(runs.single()), _losses(runs[variant]), rtol=1e-5)
+
+
+def test_dropping_micro_batch_gradients_is_caught(runs: Runs) -> None:
+    assert not states_close(runs.single().state, runs["fwp4_bugged"].state)
+
+
+def test_frozen_window_with_hsp_equals_synchronous(runs: Runs) -> None:
+    run = runs["hsp2_fwp2_clustered"]
+    assert states_close(runs["hsp1"].state, run.state)
+    assert run.state["replica_max_abs_diff"] == 0.0
+
+
+def test_hsp_two_groups_equal_one_group(runs: Runs) -> None:
+    flat, hsp = runs["hsp1"], runs["hsp2"]
+    assert states_close(flat.state, hsp.state)
+    assert hsp.state["replica_max_abs_diff"] == 0.0  # both groups hold identical replicas
+    assert hsp.summary["bytes_per_step"]["hsp_allreduce"] > 0
+    assert flat.summary["bytes_per_step"]["hsp_allreduce"] == 0
+
+
+def test_skipping_the_cross_group_allreduce_is_caught(runs: Runs) -> None:
+    bugged = runs["hsp2_bugged"]
+    assert not states_close(runs["hsp1"].state, bugged.state)
+    assert bugged.state["replica_max_abs_diff"] > 1e-4
+
+
+@pytest.mark.parametrize(("qcomms", "row_bytes"), [("bf16", 16), ("fp16", 16), ("fp8", 12)])
+def test_lossy_wire_formats_cut_bytes_by_their_width(
+    runs: Runs, qcomms: str, row_bytes: int
+) -> None:
+    base, run = runs["row_fused"], runs[qcomms]  # tiny.yaml: dim 8, fp32 rows are 32 bytes
+    for kind in ("embedding_a2a_fwd", "grad_a2a_bwd"):
+        expected = base.summary["bytes_per_step"][kind] * row_bytes / 32
+        assert run.summary["bytes_per_step"][kind] == pytest.approx(expected)
+    assert run.summary["bytes_per_step"]["key_a2a"] == base.summary["bytes_per_step"]["key_a2a"]
+    assert math.isfinite(run.summary["final_loss"])
+    assert abs(run.summary["final_loss"] - base.summary["final_loss"]) < 0.05
+
+
+def test_reshape_halves_bytes_per_lookup(runs: Runs) -> None:
+    base, run = runs["row_fused"], runs["reshape2"]
+    assert [tuple(t.shape) for t in run.state["tables"]] == [
+        (2 * t.shape[0], t.shape[1] // 2) for t in base.state["tables"]
+    ]
+
+    def bytes_per_row(r: Run) -> float:
+        b = r.summary["bytes_per_step"]
+        # each of 2 ranks sends its peer one 8-byte split size, then 8 bytes per requested row
+        rows_sent = (b["key_a2a"] - 2 * 8) / 8
+        return b["embedding_a2a_fwd"] / rows_sent
+
+    assert bytes_per_row(base) == pytest.approx(32.0)
+    assert bytes_per_row(run) == pytest.approx(16.0)
+
+
+def test_demo_config_learns_on_two_ranks(tmp_path) -> None:
+    out = tmp_path / "demo"
+    check(subprocess.run(
+        torchrun(2, "-m", "recprof.nestpipe", "--config", str(DEMO), "--set", "steps=50",
+                 "--out", str(out), "--save-state", str(out / "state.pt")),
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    ))
+    run = Run.load(out)
+    losses = _losses(run)
+    assert len(losses) == 50
+    assert losses[-10:].mean() < losses[:10].mean() - 0.03
+    assert run.summary["eval_auc"] > 0.65
+    assert run.summary["throughput_samples_per_s"] > 0
+    assert [t.shape[0] for t in run.state["tables"]] == [4000, 2000, 1000, 500]
+
+
+def test_bad_config_under_torchrun_fails_with_the_key() -> None:
+    proc = subprocess.run(
+        torchrun(2, "-m", "recprof.nestpipe", "--config", str(TINY), "--set", "hsp_groups=3"),
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert ours == ["error: hsp_groups: must divide the world size (2), got 3"]

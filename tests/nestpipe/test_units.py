@@ -1,0 +1,182 @@
+"""Pieces of the trainer checked on their own: data, sharding layout, wire codecs, AUC."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from nestpipe_runs import TINY
+
+from recprof.nestpipe.config import load_config
+from recprof.nestpipe.data import TRAIN_STREAM, SyntheticSource, make_loader, tsv_batch
+from recprof.nestpipe.metrics import roc_auc
+from recprof.nestpipe.microbatch import split
+from recprof.nestpipe.qcomms import Codec
+from recprof.nestpipe.sharding import Layout
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a._tensors(), b._tensors(), strict=True))
+
+
+def test_rank_slices_tile_the_global_batch() -> None:
+    cfg = load_config(TINY)
+    whole = SyntheticSource(cfg).global_batch(TRAIN_STREAM, 3)
+    halves = [whole.slice(0, 32), whole.slice(32, 64)]
+    for f in range(cfg.num_features):
+        assert torch.equal(torch.cat([h.lengths[f] for h in halves]), whole.lengths[f])
+    glued = torch.cat([h.ids for h in halves])
+    assert sorted(glued.tolist()) == sorted(whole.ids.tolist())
+    assert torch.equal(whole.slice(0, 64).ids, whole.ids)
+
+
+def test_loader_workers_keep_step_order_and_determinism() -> None:
+    cfg = load_config(TINY, ["num_workers=2"])
+    source = SyntheticSource(cfg)
+    got = list(make_loader(cfg, TRAIN_STREAM, 5, rank=1, world=2, workers=2))
+    assert len(got) == 5
+    for i, batch in enumerate(got):
+        assert _same(batch, source.global_batch(TRAIN_STREAM, i).slice(32, 64))
+    assert not _same(got[0], got[1])
+
+
+def test_zipf_skew_and_bag_lengths() -> None:
+    cfg = load_config(TINY, ["batch_size=2048", "zipf_alpha=1.2"])
+    batch = SyntheticSource(cfg).global_batch(TRAIN_STREAM, 0)
+    assert int(batch.lengths.min()) >= 1 and int(batch.lengths.max()) <= cfg.bag_size
+    first = batch.ids[: int(batch.lengths[0].sum())]
+    _, counts = torch.unique(first, return_counts=True)
+    top = counts.sort(descending=True).values
+    assert top[0] > 20 * top[len(top) // 2]  # a hot head and a long tail
+    assert 0.2 < float(batch.labels.mean()) < 0.8
+
+
+def test_tsv_batch_parses_criteo_lines() -> None:
+    lines = ["1\t3\t\tab,ff\t\n", "0\t-2\t7\t\t1a\n"]
+    batch = tsv_batch(lines, num_dense=2, num_features=2)
+    assert batch.labels.tolist() == [1.0, 0.0]
+    assert batch.lengths.tolist() == [[2, 0], [0, 1]]
+    assert batch.ids.tolist() == [0xAB, 0xFF, 0x1A]
+    assert torch.allclose(batch.dense[0], torch.tensor([np.log1p(3.0), 0.0], dtype=torch.float32))
+    assert float(batch.dense[1, 0]) == 0.0  # negative counts clipped as in DLRM preprocessing
+
+
+@pytest.mark.parametrize(("sharding", "size"), [("row", 3), ("table", 2), ("row", 1)])
+def test_every_row_has_one_owner_and_slot(sharding: str, size: int) -> None:
+    rows = [10, 7, 5]
+    layout = Layout(rows, size, sharding)
+    for t, n in enumerate(rows):
+        owner, slot = layout.locate(t, torch.arange(n))
+        for shard in range(size):
+            held = layout.shard_rows(t, shard)
+            mine = owner == shard
+            assert torch.equal(torch.arange(n)[mine], held)
+            start = int(layout.offsets[shard, t])
+            assert torch.equal(slot[mine], torch.arange(start, start + held.shape[0]))
+    assert sum(layout.local_rows) == sum(rows)
+
+
+def test_table_sharding_is_imbalanced_row_is_not() -> None:
+    rows = [1000, 10, 10, 10]
+    assert Layout(rows, 2, "table").local_rows == [1010, 20]
+    assert Layout(rows, 2, "row").local_rows == [515, 515]
+
+
+@pytest.mark.parametrize(
+    ("qcomms", "direction", "row_bytes", "tol"),
+    [("fp32", "fwd", 64, 0.0), ("bf16", "fwd", 32, 8e-3), ("fp16", "bwd", 32, 1e-3),
+     ("fp8", "fwd", 20, 7e-2), ("fp8", "bwd", 20, 0.13)],
+)
+def test_codec_roundtrip(qcomms: str, direction: str, row_bytes: int, tol: float) -> None:
+    codec = Codec(qcomms, direction)
+    # Rows from 1e-4 to 1e2: fp16's normal range starts at 6.1e-5 (smaller values lose bits,
+    # documented in docs/nestpipe.md); bf16 and the row-scaled fp8 cover any scale.
+    rows = torch.randn(50, 16) * torch.logspace(-4, 2, 50).unsqueeze(1)
+    wire = codec.encode(rows)
+    assert wire.shape[0] * codec.row_bytes(16) == wire.numel() * wire.element_size()
+    assert codec.row_bytes(16) == row_bytes
+    back = codec.decode(wire, 16)
+    rel = ((back - rows).abs().amax(1) / rows.abs().amax(1)).max().item()
+    assert rel <= tol
+    if qcomms == "fp8":
+        assert wire.dtype == torch.uint8  # gloo cannot carry float8 itself
+
+
+def test_auc_matches_pairwise_count() -> None:
+    rng = np.random.default_rng(0)
+    scores = np.round(rng.random(60), 1)  # plenty of ties
+    labels = (rng.random(60) < 0.4).astype(np.float64)
+    pairs = [
+        1.0 if p > n else 0.5 if p == n else 0.0
+        for p, n in itertools.product(scores[labels == 1], scores[labels == 0])
+    ]
+    assert roc_auc(scores, labels) == pytest.approx(np.mean(pairs))
+    assert roc_auc(scores, np.ones(60)) is None
+
+
+def test_single_rank_run_in_process(tmp_path: Path) -> None:
+    from recprof.nestpipe.trainer import run
+
+    summary = run(load_config(TINY), tmp_path, None)
+    assert summary is not None and summary["schema"] == "recprof.nestpipe.summary/1"
+    assert summary["world_size"] == 1 and summary["steady_steps"] == 4
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 6
+    assert set(summary["bytes_per_step"]) == {
+        "key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce"
+    }
+    assert summary["bytes_per_step"]["embedding_a2a_fwd"] == 0  # one rank sends nothing
+
+
+def test_tsv_training_in_process(tmp_path: Path) -> None:
+    from recprof.nestpipe.trainer import run
+
+    rng = np.random.default_rng(1)
+    path = tmp_path / "day0.tsv"
+    with path.open("w") as fh:
+        for _ in range(100):
+            dense = "\t".join(str(int(v)) for v in rng.integers(0, 50, 4))
+            cats = "\t".join(format(int(v), "x") for v in rng.integers(0, 5000, 4))
+            fh.write(f"{int(rng.random() < 0.3)}\t{dense}\t{cats}\n")
+    cfg = load_config(TINY, ["data=tsv", f"data_path={path}", "num_workers=1"])
+    summary = run(cfg, tmp_path / "out", None)
+    assert summary is not None and np.isfinite(summary["final_loss"])
+    assert summary["eval_auc"] is not None
+
+
+def test_select_reorders_whole_samples() -> None:
+    cfg = load_config(TINY)
+    batch = SyntheticSource(cfg).global_batch(TRAIN_STREAM, 0)
+    perm = torch.randperm(batch.size, generator=torch.Generator().manual_seed(0))
+    moved = batch.select(perm)
+    for new, old in enumerate(perm.tolist()[:5]):
+        assert _same(moved.slice(new, new + 1), batch.slice(old, old + 1))
+    assert _same(moved.select(torch.argsort(perm)), batch)
+
+
+def _unique_rows(parts: list, cfg) -> int:
+    total = 0
+    for part in parts:
+        starts = torch.cumsum(part.lengths.sum(1), 0) - part.lengths.sum(1)
+        for t, rows in enumerate(cfg.table_rows()):
+            feats = range(t, cfg.num_features, cfg.num_tables)
+            ids = torch.cat([part.ids[starts[f] : starts[f] + part.lengths[f].sum()]
+                             for f in feats])
+            total += torch.unique(ids % rows).numel()
+    return total
+
+
+def test_micro_batches_cover_the_batch_and_clustering_dedups_better() -> None:
+    cfg = load_config(TINY, ["batch_size=512", "zipf_alpha=1.3"])
+    batch = SyntheticSource(cfg).global_batch(TRAIN_STREAM, 0)
+    tables = [f % cfg.num_tables for f in range(cfg.num_features)]
+    plain = split(batch, 4, False, cfg.table_rows(), tables)
+    clustered = split(batch, 4, True, cfg.table_rows(), tables)
+    for parts in (plain, clustered):
+        assert [p.size for p in parts] == [128] * 4
+        assert sorted(torch.cat([p.labels for p in parts]).tolist()) == sorted(
+            batch.labels.tolist())
+    assert _unique_rows(clustered, cfg) < _unique_rows(plain, cfg)

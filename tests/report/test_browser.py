@@ -1,0 +1,59 @@
+"""The reports in headless Chromium: no console errors, every chart drawn, nothing injected.
+
+Skipped with the reason where Chromium or playwright is missing (CI installs both:
+`apt-get install -y chromium` and `pip install playwright`, no browser download). Screenshots
+go to test-artifacts/ (git-ignored) so a person can look at what the test saw.
+"""
+
+from __future__ import annotations
+
+import html as htmllib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from report_browser import ARTIFACTS, Browser, PageCheck
+from report_hostile import MARKER, PAYLOADS
+
+pytestmark = pytest.mark.browser
+
+
+def _assert_clean(check: PageCheck, min_plots: int) -> None:
+    assert check.console_errors == []
+    assert check.page_errors == []
+    assert check.dialogs == []
+    assert check.plot_divs >= min_plots
+    assert check.rendered_plots == check.plot_divs  # every chart has plotly's .main-svg
+
+
+@pytest.mark.parametrize("name", ["megatron", "sst", "sst4", "resnet18"])
+def test_real_set_renders(name: str, real_report: Callable[[str], Path],
+                          browser: Browser) -> None:
+    shot = ARTIFACTS / f"report-{name}.png"
+    check = browser.load(real_report(name), shot)
+    _assert_clean(check, min_plots=4)
+    assert "Verdict" in check.text and "Findings, ranked by recoverable time" in check.text
+    assert shot.stat().st_size > 20_000
+
+
+def test_gloo_report_renders(gloo_report: Path, browser: Browser) -> None:
+    shot = ARTIFACTS / "report-gloo-2rank.png"
+    check = browser.load(gloo_report, shot)
+    _assert_clean(check, min_plots=4)
+    assert "backend gloo" in check.text
+    assert shot.stat().st_size > 20_000
+
+
+def test_hostile_names_do_not_execute_and_read_literally(hostile_report: Path,
+                                                          browser: Browser) -> None:
+    check = browser.load(hostile_report, ARTIFACTS / "report-hostile.png",
+                         hover_marker=htmllib.escape(MARKER, quote=False))
+    _assert_clean(check, min_plots=12)  # three jobs
+    assert check.pwned is None
+    assert check.injected_elements == 0
+    # Tables (op names in the largest gaps, the process group in collectives) read literally.
+    assert MARKER in check.text
+    assert PAYLOADS[1] in check.text or PAYLOADS[2] in check.text
+    # Plotly hover labels (timeline, scatter) show the payload as text too.
+    assert check.hover_texts, "no hover label carried a hostile name"
+    assert all(MARKER in text for text in check.hover_texts)

@@ -1,0 +1,74 @@
+"""A tiny stand-in for the trainer's command-line contract, for tests of the tuner's logic.
+
+It reads `--config FILE --out DIR` like `python -m recprof.nestpipe` and writes a
+`recprof.nestpipe.summary/1` summary whose throughput and AUC are a fixed function of the knobs,
+so tests can say which config must win. Extra config keys steer failures: `fail: crash|oom|hang`
+and `sleep_s` (seconds before finishing, to interrupt a trial mid-run). It is never used to
+produce numbers anyone reads as measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+SPEED = {
+    "micro_batches": {1: 1.0, 2: 1.3, 4: 1.5, 8: 1.4},
+    "hsp_groups": {1: 1.0, 2: 1.1},
+    "qcomms": {"fp32": 1.0, "bf16": 1.2, "fp16": 1.2, "fp8": 1.35},
+    "reshape": {1: 1.0, 2: 1.15, 4: 1.25},
+    "dbp": {False: 1.0, True: 1.2},
+}
+AUC_LOSS = {"fp32": 0.0, "bf16": 0.001, "fp16": 0.002, "fp8": 0.02}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    cfg = yaml.safe_load(args.config.read_text()) or {}
+    fail = cfg.get("fail", "none")
+    if fail == "crash":
+        print("Traceback (most recent call last):\nValueError: crash on purpose", file=sys.stderr)
+        sys.exit(1)
+    if fail == "oom":
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", file=sys.stderr)
+        sys.exit(1)
+    if fail == "hang":
+        # In a process group of its own, like the job `recprof capture` starts.
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], process_group=0
+        )
+        (args.out / "child.pid").write_text(str(child.pid))
+        time.sleep(600)
+    time.sleep(float(cfg.get("sleep_s", 0)))
+    speed = 1000.0
+    for knob, table in SPEED.items():
+        speed *= table[cfg.get(knob, next(iter(table)))]
+    if cfg.get("clustering") and cfg.get("micro_batches", 1) > 1:
+        speed *= 1.05
+    auc = 0.75 - AUC_LOSS[cfg.get("qcomms", "fp32")] - 0.01 * (cfg.get("reshape", 1) - 1)
+    summary = {
+        "schema": "recprof.nestpipe.summary/1",
+        "config": cfg,
+        "world_size": 2,
+        "throughput_samples_per_s": speed,
+        "final_loss": 0.5,
+        "eval_auc": auc,
+        "eval_loss": 0.5,
+        "bytes_per_step": {"embedding_a2a_fwd": 4000.0, "dense_allreduce": 1000.0},
+        "wall_s": 0.1,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

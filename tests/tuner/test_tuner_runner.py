@@ -1,0 +1,125 @@
+"""The trial runner: a trial's processes always end, and each failure carries its reason."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from tuner_helpers import FAKE_TRAINER
+
+from recprof.errors import RecprofError
+from tuner.runner import TrialRunner, capture_window, classify_failure, summarize_analysis
+from tuner.storage import resolve_storage
+from tuner.trainer import Launch
+
+
+def _run(tmp_path: Path, config: dict, timeout: float = 30.0):
+    trial_dir = tmp_path / "trial"
+    trial_dir.mkdir()
+    (trial_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    argv = [sys.executable, str(FAKE_TRAINER), "--config", str(trial_dir / "config.yaml"),
+            "--out", str(trial_dir)]  # fmt: skip
+    return TrialRunner(capture=False, timeout_s=timeout).run(argv, trial_dir), trial_dir
+
+
+def test_ok_trial_reads_the_summary(tmp_path: Path) -> None:
+    outcome, _ = _run(tmp_path, {"qcomms": "bf16"})
+    assert outcome.ok and outcome.summary["throughput_samples_per_s"] == pytest.approx(1200.0)
+
+
+def test_crash_reason_is_the_error_line(tmp_path: Path) -> None:
+    outcome, trial_dir = _run(tmp_path, {"fail": "crash"})
+    assert outcome.status == "crash"
+    assert outcome.reason == "exit 1: ValueError: crash on purpose"
+    assert "crash on purpose" in (trial_dir / "stderr.log").read_text()
+
+
+def test_oom_is_recognised(tmp_path: Path) -> None:
+    outcome, _ = _run(tmp_path, {"fail": "oom"})
+    assert outcome.status == "oom" and "out of memory" in outcome.reason
+
+
+def test_timeout_ends_every_process_of_the_trial(tmp_path: Path) -> None:
+    start = time.monotonic()
+    outcome, trial_dir = _run(tmp_path, {"fail": "hang"}, timeout=3.0)
+    assert outcome.status == "timeout"
+    assert time.monotonic() - start < 15
+    child = int((trial_dir / "child.pid").read_text())
+    time.sleep(0.2)
+    # The grandchild, in another process group, was killed too (gone, or a zombie).
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_missing_summary_is_a_failure(tmp_path: Path) -> None:
+    trial_dir = tmp_path / "t"
+    runner = TrialRunner(capture=False, timeout_s=10)
+    outcome = runner.run([sys.executable, "-c", "pass"], trial_dir)
+    assert outcome.status == "no-summary"
+
+
+def test_classify_failure_picks_the_trainer_line_over_torchrun_noise() -> None:
+    log = (
+        "[rank0]: RecprofError: warmup_steps: must be < steps (6) to leave a steady window\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "============================================================\n"
+    )
+    status, reason = classify_failure(1, log)
+    assert status == "crash" and "warmup_steps: must be < steps" in reason
+    assert classify_failure(-9, "")[0] == "oom"
+
+
+def test_a_rank_killed_by_a_signal_is_named_from_torchruns_root_cause() -> None:
+    log = (
+        "terminate called without an active exception\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "======================================================\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -6 (pid: 9833)  (SIGABRT)\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 9833\n"
+        "======================================================\n"
+    )
+    assert classify_failure(1, log) == (
+        "crash",
+        "exit 1: rank 1 failed: Signal 6 (SIGABRT) received by PID 9833 "
+        "(terminate called without an active exception)",
+    )
+
+
+def test_capture_window_records_inside_the_measured_steps() -> None:
+    assert capture_window(6, 2) == ["--wait", "1", "--warmup", "1", "--active", "3"]
+    assert capture_window(None, 2) == []
+
+
+def test_summarize_analysis_uses_contract_metric_names() -> None:
+    step = {"step": 100.0, "compute": 60.0, "comm": 50.0, "exposed_comm": 20.0, "idle": 10.0,
+            "exposed_copy_h2d": 5.0}  # fmt: skip
+    analysis = {"jobs": [{"world_size": 2, "ranks": [{"steps": [step, step]}, {"steps": [step]}]}]}
+    numbers = summarize_analysis(analysis)
+    assert numbers["exposed_ratio"] == pytest.approx(0.4)
+    assert numbers["exposed_comm_frac"] == pytest.approx(0.2)
+    assert numbers["idle_frac"] == pytest.approx(0.1)
+    assert numbers["exposed_copy_frac"] == pytest.approx(0.05)
+    assert summarize_analysis({"jobs": []}) is None
+
+
+def test_storage_urls(tmp_path: Path) -> None:
+    spec = resolve_storage(None, tmp_path / "o")
+    assert spec.url == f"sqlite:///{(tmp_path / 'o' / 'study.db').resolve()}"
+    journal = resolve_storage(f"journal:{tmp_path}/s.journal", tmp_path)
+    assert journal.url.startswith("journal:") and journal.dashboard_arg.endswith("s.journal")
+    assert resolve_storage(str(tmp_path / "x.journal"), tmp_path).url.startswith("journal:")
+    with pytest.raises(RecprofError, match="SQLAlchemy URL"):
+        resolve_storage("not-a-url", tmp_path)
+
+
+def test_multi_node_needs_a_launcher() -> None:
+    with pytest.raises(RecprofError, match="--launcher"):
+        Launch(8, 2).trainer_argv(Path("c.yaml"), Path("o"))
+    cmd = Launch(8, 1).user_command(Path("r.yaml"))
+    assert cmd == "torchrun --nproc_per_node 8 -m recprof.nestpipe --config r.yaml"
+    assert os.path.basename(Launch(2).trainer_argv(Path("c"), Path("o"))[0]).startswith("python")

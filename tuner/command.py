@@ -1,0 +1,98 @@
+"""`recprof tune`: the typer command (registered by recprof/cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tuner.recommend import print_summary
+from tuner.study import TuneSettings, default_study_name, run_tuning
+from tuner.trainer import Launch
+
+
+def tune(
+    nproc_per_node: Annotated[
+        int, typer.Option("--nproc-per-node", help="Ranks per node for every trial.")
+    ] = 2,
+    nnodes: Annotated[
+        int, typer.Option(help="Nodes per trial; more than one needs --launcher.")
+    ] = 1,
+    launcher: Annotated[
+        str | None,
+        typer.Option(
+            help="Launch template replacing `torchrun --standalone ...`, with {nproc}, {nnodes}, "
+            "{config}, {out} and {python} placeholders (multi-node or emulated clusters)."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="Base trainer config (YAML/TOML); knobs are applied on it.")
+    ] = None,
+    space: Annotated[
+        Path | None, typer.Option(help="YAML file overriding the search space (see docs/tuner.md).")
+    ] = None,
+    trials: Annotated[
+        int, typer.Option(help="Trainer runs in the study in total (a re-run continues to this).")
+    ] = 20,
+    trial_timeout: Annotated[
+        float, typer.Option(help="Seconds before a trial's processes are all ended (FAIL).")
+    ] = 900.0,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            help="Study storage: SQLAlchemy URL, or journal:PATH for several workers "
+            "(default: sqlite:///OUT/study.db)."
+        ),
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option(help="Study name (default: <config>-<nnodes>x<nproc>).")
+    ] = None,
+    quality_tolerance: Annotated[
+        float,
+        typer.Option(help="Largest quality loss vs baseline (AUC drop) a lossy knob may cost."),
+    ] = 0.005,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default: reports/tune-<study>).")
+    ] = None,
+    capture: Annotated[
+        str, typer.Option(help="Capture traces per trial: auto (when installed), on, off.")
+    ] = "auto",
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
+) -> None:
+    """Search the trainer's knobs with real measured runs; write a recommended config and report.
+
+    The synchronous fp32 baseline runs first.
+    Failed and timed-out trials are recorded; identical configs are answered from the study.
+    Ctrl-C leaves the study resumable: run the same command again to continue it.
+    Details: docs/tuner.md.
+    """
+    console = Console(stderr=True)
+    name = study or default_study_name(config, Launch(nproc_per_node, nnodes))
+    out = out or Path("reports") / f"tune-{name}"
+    settings = TuneSettings(
+        out=out,
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        launcher=launcher,
+        config=config,
+        space=space,
+        trials=trials,
+        trial_timeout=trial_timeout,
+        storage=storage,
+        study=name,
+        quality_tolerance=quality_tolerance,
+        capture=capture,
+        seed=seed,
+        progress=progress,
+    )
+    result = run_tuning(settings, console)
+    if result.recommendation is not None:
+        print_summary(result.recommendation, Console())
+    for label, path in result.files.items():
+        console.print(f"{label}: {path}", highlight=False)
+    console.print(f"dashboard: optuna-dashboard {result.dashboard_arg}", highlight=False)
+    if result.interrupted:
+        raise typer.Exit(130)

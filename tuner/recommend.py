@@ -1,0 +1,151 @@
+"""The study's answer: the best feasible config as a trainer config file, its command, a summary.
+
+"Best" is Optuna's best feasible trial (quality constraint satisfied) by measured throughput; the
+baseline is always feasible, so a study whose knobs only hurt recommends the baseline itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console
+from rich.table import Table
+
+from tuner.trainer import Launch, trial_config, write_config
+
+
+@dataclass
+class Recommendation:
+    """Best trial against baseline, with everything needed to reproduce and explain it."""
+
+    best_trial: int
+    baseline_trial: int
+    knobs: dict[str, Any]
+    config: dict[str, Any]
+    command: str
+    throughput: float
+    baseline_throughput: float
+    exposed_ratio: float | None
+    baseline_exposed_ratio: float | None
+    quality_metric: str | None
+    quality_delta: float | None
+    quality_tolerance: float
+    runs: int
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    pruned_knobs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        """Best throughput over baseline throughput."""
+        return self.throughput / self.baseline_throughput if self.baseline_throughput else 0.0
+
+
+def _metric_delta(best: FrozenTrial, base: FrozenTrial, metric: str | None) -> float | None:
+    """Raw change of the quality metric, best minus baseline (sign as the metric reads)."""
+    if metric is None:
+        return None
+    a = best.user_attrs.get("summary", {}).get(metric)
+    b = base.user_attrs.get("summary", {}).get(metric)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) - float(b)
+    return None
+
+
+def recommend(
+    study: optuna.Study, base_config: Mapping[str, Any], launch: Launch, tolerance: float
+) -> Recommendation | None:
+    """The recommendation, or None while the study has no completed baseline."""
+    trials = study.get_trials(deepcopy=False)
+    baseline = next(
+        (
+            t
+            for t in trials
+            if t.user_attrs.get("role") == "baseline" and t.state == TrialState.COMPLETE
+        ),
+        None,
+    )
+    if baseline is None:
+        return None
+    # The baseline is feasible by construction, so a best feasible trial exists.
+    best = study.best_trial
+    # A duplicate points at the trial that actually ran; recommend that one.
+    if "duplicate_of" in best.user_attrs:
+        best = next(t for t in trials if t.number == best.user_attrs["duplicate_of"])
+    knobs = dict(best.user_attrs.get("knobs", {}))
+    metric = best.user_attrs.get("quality_metric")
+    failures = [
+        {
+            "trial": t.number,
+            "status": t.user_attrs.get("status"),
+            "reason": t.user_attrs.get("reason"),
+        }
+        for t in trials
+        if t.state == TrialState.FAIL and t.user_attrs.get("ran")
+    ]
+    return Recommendation(
+        best_trial=best.number,
+        baseline_trial=baseline.number,
+        knobs=knobs,
+        config=trial_config(base_config, knobs),
+        command=launch.user_command(Path("recommended.yaml")),
+        throughput=float(best.value or 0.0),
+        baseline_throughput=float(baseline.value or 0.0),
+        exposed_ratio=best.user_attrs.get("exposed_ratio"),
+        baseline_exposed_ratio=baseline.user_attrs.get("exposed_ratio"),
+        quality_metric=metric,
+        quality_delta=_metric_delta(best, baseline, metric),
+        quality_tolerance=tolerance,
+        runs=sum(bool(t.user_attrs.get("ran")) for t in trials if t.state.is_finished()),
+        failures=failures,
+        pruned_knobs=dict(study.user_attrs.get("pruned_knobs", {})),
+    )
+
+
+def write_recommendation(rec: Recommendation, out_dir: Path) -> dict[str, Path]:
+    """Write recommended.yaml and tuning_summary.json; the command uses the yaml's real path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = write_config(rec.config, out_dir / "recommended.yaml")
+    rec.command = rec.command.replace("recommended.yaml", str(config_path))
+    summary_path = out_dir / "tuning_summary.json"
+    payload = asdict(rec) | {"speedup": rec.speedup}
+    summary_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return {"recommended": config_path, "summary": summary_path}
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "n/a (no analysis)" if value is None else f"{value:.0%}"
+
+
+def print_summary(rec: Recommendation, console: Console) -> None:
+    """The printed verdict: best vs baseline, the file, the command."""
+    table = Table(title="recprof tune: best vs baseline", show_header=True, header_style="bold")
+    table.add_column("")
+    table.add_column(f"baseline (trial {rec.baseline_trial})", justify="right")
+    table.add_column(f"best (trial {rec.best_trial})", justify="right")
+    table.add_row(
+        "throughput (samples/s)", f"{rec.baseline_throughput:,.1f}", f"{rec.throughput:,.1f}"
+    )
+    table.add_row("throughput ratio", "1.00x", f"{rec.speedup:.2f}x")
+    table.add_row(
+        "exposed comm ratio", _fmt_ratio(rec.baseline_exposed_ratio), _fmt_ratio(rec.exposed_ratio)
+    )
+    delta = (
+        "n/a"
+        if rec.quality_delta is None
+        else f"{rec.quality_metric} {rec.quality_delta:+.4f} (tolerance {rec.quality_tolerance:g})"
+    )
+    table.add_row("quality delta", "", delta)
+    knobs = " ".join(f"{k}={v}" for k, v in rec.knobs.items())
+    table.add_row("knobs", "", knobs)
+    console.print(table)
+    for knob, why in rec.pruned_knobs.items():
+        console.print(f"skipped {knob}: {why}", highlight=False)
+    if rec.failures:
+        console.print(f"{len(rec.failures)} failed runs (kept in the study and the report)")
+    console.print(f"run it:  {rec.command}", highlight=False, soft_wrap=True)

@@ -1,0 +1,322 @@
+"""Run one trial for real and measure it; failures come back as data, never as exceptions.
+
+A trial runs in a session of its own (capture, torchrun, its ranks and their data-loader
+workers, whatever process groups they make) so that a timeout or Ctrl-C can end every process it
+started and nothing lingers into the next trial's measurement. The result is read from the
+trainer's `summary.json`; when capture is on, its analysis (or, failing that, one made here from
+the traces) is reduced to the few numbers the tuner stores per trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
+_TAIL_BYTES = 20_000
+_KILL_GRACE_S = 5.0
+
+
+@dataclass
+class TrialOutcome:
+    """What one trial produced. `status` is ok, crash, oom, timeout or no-summary."""
+
+    status: str
+    reason: str | None
+    wall_s: float
+    returncode: int | None
+    summary: dict[str, Any] = field(default_factory=dict)
+    analysis: dict[str, float] | None = None
+    analysis_error: str | None = None
+    report: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the trial produced a throughput to optimise."""
+        return self.status == "ok"
+
+
+def capture_available() -> bool:
+    """Whether `recprof capture` exists in this install (the capture part may land later)."""
+    probe = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--help"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    return probe.returncode == 0
+
+
+def capture_argv(capture_dir: Path, window: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """Wrap a training argv in `recprof capture --out DIR [window options] -- CMD`."""
+    return [
+        sys.executable, "-m", "recprof", "capture", "--out", str(capture_dir), *window, "--", *argv
+    ]  # fmt: skip
+
+
+def capture_window(steps: int | None, warmup_steps: int | None) -> list[str]:
+    """Capture options that record steps inside the trainer's measured window.
+
+    The profiler's first recorded step must come after warm-up (so the analysis describes the
+    steady state the throughput measures) and the window must end before the last step.
+    Without both numbers in the base config, capture's own defaults apply.
+    """
+    if steps is None or warmup_steps is None:
+        return []
+    active = max(1, min(5, steps - warmup_steps - 1))
+    wait = max(0, warmup_steps - 1)
+    return ["--wait", str(wait), "--warmup", "1", "--active", str(active)]
+
+
+def session_members(sid: int) -> list[int]:
+    """Every live process in session `sid` (Linux /proc), whatever its process group.
+
+    A trial runs in its own session, but the processes inside may start their own groups
+    (`recprof capture` puts the job in one, so it can signal it), so the session is what names
+    everything a trial started.
+    """
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # exited while we looked
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """End every process of the trial: SIGTERM to its group, a grace period, then SIGKILL to
+    every process left in its session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_KILL_GRACE_S)
+    _kill_session(proc.pid)
+    proc.wait()
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL whatever is left of a trial's session (ranks, loader workers, other groups)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGKILL)
+    for pid in session_members(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def run_process(
+    argv: Sequence[str], trial_dir: Path, timeout_s: float | None
+) -> tuple[int | None, bool, float]:
+    """Run argv in its own session, logs in trial_dir; returns (returncode, timed_out, wall_s).
+
+    On KeyboardInterrupt the whole group is ended before the interrupt propagates, so Ctrl-C
+    never leaves ranks running.
+    """
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
+    start = time.monotonic()
+    with (trial_dir / "stdout.log").open("wb") as out, (trial_dir / "stderr.log").open("wb") as err:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=err, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            return None, True, time.monotonic() - start
+        except BaseException:
+            kill_group(proc)
+            raise
+    # The launcher is gone; end anything it left behind.
+    _kill_session(proc.pid)
+    return rc, False, time.monotonic() - start
+
+
+def _tail(path: Path) -> str:
+    """The end of a log file, decoded leniently."""
+    if not path.exists():
+        return ""
+    with path.open("rb") as fh:
+        fh.seek(max(0, path.stat().st_size - _TAIL_BYTES))
+        return fh.read().decode("utf-8", "replace")
+
+
+_OOM = re.compile(r"out of memory|OutOfMemoryError|\bMemoryError\b|Cannot allocate memory", re.I)
+_SIGKILL = re.compile(r"Signal 9 \(SIGKILL\)|SIGKILL", re.I)
+_ERROR_LINE = re.compile(r"(^error:|\b[A-Z][A-Za-z]*(Error|Exception)\b:|^[A-Za-z_.]+Error$)")
+_NOISE = re.compile(r"ChildFailedError|torch\.distributed\.elastic|^\s*(File |raise |\^)")
+
+
+def classify_failure(returncode: int | None, log: str) -> tuple[str, str]:
+    """(status, one-line reason) for a run that exited non-zero, from its exit code and logs."""
+    if _OOM.search(log):
+        line = next(
+            (ln.strip() for ln in reversed(log.splitlines()) if _OOM.search(ln)), "out of memory"
+        )
+        return "oom", line[:300]
+    if (returncode is not None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)) or (
+        _SIGKILL.search(log)
+    ):
+        return "oom", "a process was SIGKILLed (most likely the kernel's out-of-memory killer)"
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _ERROR_LINE.search(ln) and not _NOISE.search(ln):
+            return "crash", f"exit {returncode}: {ln[:300]}"
+    cause = _root_cause(log)
+    if cause is not None:
+        return "crash", f"exit {returncode}: {cause}"
+    content = [ln for ln in lines if not _DECORATION.match(ln)]
+    last = content[-1][:300] if content else "no output"
+    return "crash", f"exit {returncode}: {last}"
+
+
+_DECORATION = re.compile(r"^[=*\-]{3,}$")
+_ABORT_NOTE = re.compile(r"^(terminate called.*|what\(\):.*)$", re.M)
+
+
+def _root_cause(log: str) -> str | None:
+    """torchrun's 'Root Cause' block (a rank killed by a signal leaves no Python error line)."""
+    start = log.rfind("Root Cause")
+    if start < 0:
+        return None
+    block = log[start:]
+    rank = re.search(r"rank\s*:\s*(\d+)", block)
+    traceback = re.search(r"traceback\s*:\s*(.+)", block)
+    if rank is None or traceback is None:
+        return None
+    notes = "; ".join(m.strip() for m in _ABORT_NOTE.findall(log))
+    cause = f"rank {rank.group(1)} failed: {traceback.group(1).strip()}"
+    return f"{cause} ({notes})"[:300] if notes else cause[:300]
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The trainer's summary.json, or None when missing, unreadable or of another schema."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
+        return None
+    if not isinstance(data.get("throughput_samples_per_s"), (int, float)):
+        return None
+    return data
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize_analysis(analysis: dict[str, Any]) -> dict[str, float] | None:
+    """Per-step means over ranks and steps of the numbers the tuner keeps (microseconds).
+
+    Ratios are of sums, so a long step weighs what it cost. Works on the analysis JSON
+    (schema recprof.analysis/1) so stored analyses and fresh ones read the same way.
+    """
+    jobs = analysis.get("jobs") or []
+    if not jobs:
+        return None
+    rows: list[dict[str, float]] = []
+    for rank in jobs[0].get("ranks") or []:
+        steps = rank.get("steps") or []
+        rows.extend(s for s in steps if isinstance(s, dict))
+    if not rows:
+        return None
+
+    def col(name: str) -> list[float]:
+        return [float(r.get(name) or 0.0) for r in rows]
+
+    step, compute, comm = col("step"), col("compute"), col("comm")
+    exposed_comm, idle = col("exposed_comm"), col("idle")
+    exposed_copy = [
+        a + b + c
+        for a, b, c in zip(
+            col("exposed_copy_h2d"), col("exposed_copy_d2h"), col("exposed_copy_d2d"), strict=True
+        )
+    ]
+    total_step = sum(step) or 1.0
+    return {
+        "step_us": _mean(step),
+        "compute_us": _mean(compute),
+        "comm_us": _mean(comm),
+        "exposed_comm_us": _mean(exposed_comm),
+        "idle_us": _mean(idle),
+        "exposed_copy_us": _mean(exposed_copy),
+        "exposed_ratio": sum(exposed_comm) / sum(comm) if sum(comm) > 0 else 0.0,
+        "exposed_comm_frac": sum(exposed_comm) / total_step,
+        "idle_frac": sum(idle) / total_step,
+        "exposed_copy_frac": sum(exposed_copy) / total_step,
+        "world_size": float(jobs[0].get("world_size") or 0),
+    }
+
+
+def analyse_capture(
+    capture_dir: Path, trial_dir: Path
+) -> tuple[dict[str, float] | None, str | None, str | None]:
+    """A trial's analysis numbers: (summary numbers, error, bottleneck report path).
+
+    `recprof capture` analyses its run and writes analysis.json and report.html into the run
+    folder; when it could not (or an older capture did not), the traces are analysed here. An
+    analysis failure never fails the trial: its throughput is still a measurement.
+    """
+    report = capture_dir / "report.html"
+    report_path = str(report) if report.exists() else None
+    stored = capture_dir / "analysis.json"
+    if stored.exists():
+        raw = stored.read_bytes()
+    else:
+        try:
+            from recprof.analysis import analyze_paths
+
+            raw = analyze_paths([capture_dir / "traces"]).to_json()
+        except Exception as exc:  # the analyzer's bugs must not lose a measured trial
+            return None, f"analysis failed: {type(exc).__name__}: {exc}", report_path
+        (trial_dir / "analysis.json").write_bytes(raw)
+    numbers = summarize_analysis(orjson.loads(raw))
+    error = None if numbers is not None else "the analysis has no steps to summarise"
+    return numbers, error, report_path
+
+
+@dataclass
+class TrialRunner:
+    """Runs trials: argv from the launch, optional capture, a timeout, and measurement."""
+
+    capture: bool
+    timeout_s: float | None
+    window: Sequence[str] = ()
+
+    def run(self, argv: Sequence[str], trial_dir: Path) -> TrialOutcome:
+        """Run one trial whose trainer writes into `trial_dir`; classify and measure it."""
+        capture_dir = trial_dir / "capture"
+        full = capture_argv(capture_dir, self.window, argv) if self.capture else list(argv)
+        rc, timed_out, wall = run_process(full, trial_dir, self.timeout_s)
+        log = _tail(trial_dir / "stderr.log") + "\n" + _tail(trial_dir / "stdout.log")
+        if timed_out:
+            return TrialOutcome(
+                "timeout", f"no result within {self.timeout_s:g} s; all processes ended", wall, None
+            )
+        if rc != 0:
+            status, reason = classify_failure(rc, log)
+            return TrialOutcome(status, reason, wall, rc)
+        summary = read_summary(trial_dir / "summary.json")
+        if summary is None:
+            return TrialOutcome(
+                "no-summary", f"exit 0 but no valid {SUMMARY_SCHEMA} summary.json", wall, rc
+            )
+        outcome = TrialOutcome("ok", None, wall, rc, summary=summary)
+        if self.capture:
+            outcome.analysis, outcome.analysis_error, outcome.report = analyse_capture(
+                capture_dir, trial_dir
+            )
+        return outcome
