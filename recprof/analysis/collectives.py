@@ -15,13 +15,18 @@ import numpy as np
 
 from recprof.analysis.breakdown import ClassUnions
 from recprof.analysis.intervals import IntervalSet
-from recprof.analysis.model import CollectiveSample, CollectiveStats
+from recprof.analysis.model import CollectiveSample, CollectiveStats, RankCollective
 from recprof.analysis.windows import Window
 from recprof.trace.model import ActivityClass, RankTrace
 from recprof.trace.vocabulary import COLLECTIVE_KINDS, bus_factor
 
 DEFAULT_GROUP = "default"
 MAX_SAMPLES_PER_JOB = 4000
+
+
+# (step or -1, process group, kind, n-th of that kind and group in the step): the identity of
+# one collective call, the same on every rank of a correct program.
+CallKey = tuple[int, str, str, int]
 
 
 @dataclass
@@ -39,12 +44,20 @@ class CollectiveRecords:
     def __len__(self) -> int:
         return int(self.start.size)
 
+    def call_keys(self) -> list[CallKey]:
+        counters: dict[tuple[int, str, str], int] = defaultdict(int)
+        keys: list[CallKey] = []
+        for i in range(len(self)):
+            base = (int(self.step[i]), self.group[i], self.kind[i])
+            keys.append((*base, counters[base]))
+            counters[base] += 1
+        return keys
+
 
 def collective_records(trace: RankTrace, unions: ClassUnions,
                        windows: list[Window]) -> CollectiveRecords:
     acts = trace.activities
-    mask = acts.klass == ActivityClass.COMM
-    idx = np.flatnonzero(mask)
+    idx = np.flatnonzero((acts.klass == ActivityClass.COMM) & (acts.coll_kind >= 0))
     if windows:
         # A collective belongs to the step that issued it: the host's launch time is ordered
         # the same way on every rank, while device start times drift with each rank's lag.
@@ -57,7 +70,7 @@ def collective_records(trace: RankTrace, unions: ClassUnions,
         idx, which = idx[:0], idx[:0]
     numbers = np.array([windows[w].number if windows[w].number is not None else -1
                         for w in which], dtype=np.int64)
-    kinds = [COLLECTIVE_KINDS[k] if k >= 0 else "unknown" for k in acts.coll_kind[idx]]
+    kinds = [COLLECTIVE_KINDS[k] for k in acts.coll_kind[idx]]
     groups = [trace.names[g] if g >= 0 else DEFAULT_GROUP for g in acts.coll_group[idx]]
     exposed: dict[tuple[str, str], float] = {}
     by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -77,9 +90,12 @@ def _gbps(nbytes: float, dur_us: float) -> float:
 
 
 def job_collectives(
-    per_rank: dict[int, CollectiveRecords], group_sizes: dict[str, int], world_size: int
+    per_rank: dict[int, CollectiveRecords], group_sizes: dict[str, int], world_size: int,
+    waits: dict[CallKey, dict[int, float]],
 ) -> tuple[list[CollectiveStats], list[CollectiveSample]]:
-    """Sum each kind x group over ranks; keep a bounded, evenly spaced set of instances."""
+    """Sum each kind x group over ranks; keep a bounded, evenly spaced set of instances, each
+    with the time its rank waited in it for later ranks (so a slow small message can be told
+    apart from a skewed one)."""
     acc: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     samples: list[CollectiveSample] = []
     total_instances = sum(len(r) for r in per_rank.values())
@@ -88,7 +104,7 @@ def job_collectives(
     for rank, records in sorted(per_rank.items()):
         for key, exposed in records.exposed_by_key.items():
             acc[key]["exposed"] += exposed
-        for i in range(len(records)):
+        for i, call in enumerate(records.call_keys()):
             key = (records.kind[i], records.group[i])
             dur = float(records.end[i] - records.start[i])
             a = acc[key]
@@ -102,8 +118,10 @@ def job_collectives(
                 if seen % stride == 0 and dur > 0:
                     size = group_sizes.get(key[1], world_size)
                     alg = _gbps(nbytes, dur)
-                    samples.append(CollectiveSample(rank, key[0], key[1], nbytes, dur, alg,
-                                                    alg * bus_factor(key[0], size)))
+                    samples.append(CollectiveSample(
+                        rank, key[0], key[1], nbytes, dur, alg, alg * bus_factor(key[0], size),
+                        step=call[0] if call[0] >= 0 else None, index=call[3],
+                        wait_us=waits.get(call, {}).get(rank)))
                 seen += 1
     stats = []
     for (kind, group), a in acc.items():
@@ -119,3 +137,21 @@ def job_collectives(
         ))
     stats.sort(key=lambda s: -s.total_us)
     return stats, samples
+
+
+def rank_collectives(records: CollectiveRecords, waits: dict[CallKey, dict[int, float]],
+                     rank: int) -> list[RankCollective]:
+    """One rank's collectives per kind x group: how much is exposed, and how much of that is
+    waiting for later ranks rather than moving data."""
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for i, call in enumerate(records.call_keys()):
+        a = acc[(records.kind[i], records.group[i])]
+        a[0] += 1
+        a[1] += float(records.end[i] - records.start[i])
+        a[2] += waits.get(call, {}).get(rank, 0.0)
+    return sorted(
+        (RankCollective(kind=k, process_group=g, count=int(c), total_us=t,
+                        exposed_us=records.exposed_by_key.get((k, g), 0.0), wait_us=w)
+         for (k, g), (c, t, w) in acc.items()),
+        key=lambda rc: -rc.total_us,
+    )

@@ -265,7 +265,10 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
     names = " and ".join(_kind_words(k) for k in kinds)
     per_rank = [r.exposed_comm_us / r.step_us for r in facts.ranks if r.step_us > 0]
     everywhere = bool(per_rank) and min(per_rank) >= EXPOSED_COMM_MIN_FRACTION
-    where = "on every rank" if everywhere else "on average over the ranks"
+    if len(facts.ranks) == 1:
+        where = f"on rank {facts.ranks[0].rank}, the only rank analysed"
+    else:
+        where = "on every rank" if everywhere else "on average over the ranks"
     evidence = [
         f"{names} exposed {_ms(exposed)} per step ({_pct(exposed, step):.0f}% of a "
         f"{_ms(step)} step) {where}",
@@ -411,8 +414,8 @@ def rule_small_messages(facts: JobFacts) -> Finding | None:
                 f"{name} in group {c.group}: {c.small_count_per_step:.1f} messages per step "
                 f"below {SMALL_MESSAGE_BYTES // 1024} KiB (median "
                 f"{c.small_median_bytes / 1024:.1f} KiB) at a median "
-                f"{c.small_median_algbw_gbps:.2f} GB/s, {_ms(c.small_us_per_step)} per step",
-                f"the same kind reaches {c.large_message_algbw_gbps:.2f} GB/s (90th percentile) "
+                f"{c.small_median_algbw_gbps:.3g} GB/s, {_ms(c.small_us_per_step)} per step",
+                f"the same kind reaches {c.large_message_algbw_gbps:.3g} GB/s (90th percentile) "
                 f"on messages >= {LARGE_MESSAGE_FACTOR:.0f}x larger in this job",
                 f"{name} in total: {_ms(c.total_us_per_step)} per step, "
                 f"{_ms(c.exposed_us_per_step)} exposed",

@@ -114,6 +114,7 @@ class RankAnalysis:
     totals: StepMetrics
     idle_gaps: IdleGapSummary
     timeline: Timeline | None
+    collectives: list[RankCollective] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -145,6 +146,21 @@ class CollectiveSample:
     dur_us: float
     algbw_gbps: float
     busbw_gbps: float
+    step: int | None = None
+    index: int = 0  # n-th of its kind and group in the step: joins with skew.matched
+    wait_us: float | None = None  # this rank's wait in it for later ranks; None if unmatched
+
+
+@dataclass
+class RankCollective:
+    """One rank's collectives of one kind on one process group."""
+
+    kind: str
+    process_group: str
+    count: int
+    total_us: float
+    exposed_us: float  # union of these collectives not under compute
+    wait_us: float  # time spent waiting in them for later ranks (matched calls only)
 
 
 @dataclass

@@ -13,7 +13,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from recprof.analysis.breakdown import ClassUnions, step_metrics, sum_metrics
-from recprof.analysis.collectives import CollectiveRecords, collective_records, job_collectives
+from recprof.analysis.collectives import (
+    CollectiveRecords,
+    collective_records,
+    job_collectives,
+    rank_collectives,
+)
 from recprof.analysis.idle import idle_gaps
 from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
 from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis
@@ -160,8 +165,10 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) ->
                             "numbers cover the ranks present only")
         groups = {name: len(members_) for h in (headers[i] for i in members)
                   for name, members_ in h.process_groups.items()}
-        stats, samples = job_collectives(records, groups, world or len(analyses))
-        skew = analyze_skew(records, {r.rank: r.steps for r in analyses})
+        skew, waits = analyze_skew(records, {r.rank: r.steps for r in analyses})
+        stats, samples = job_collectives(records, groups, world or len(analyses), waits)
+        for analysis in analyses:
+            analysis.collectives = rank_collectives(records[analysis.rank], waits, analysis.rank)
         _ensure_straggler_timeline(analyses, skew.straggler_rank, steps)
         device_names = sorted({n for i in members for n in headers[i].device_names})
         jobs.append(JobAnalysis(

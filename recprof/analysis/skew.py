@@ -1,9 +1,10 @@
 """Cross-rank skew: who arrives late at each collective, and what that costs the others.
 
-Collectives are matched across ranks by (step, process group, kind, n-th of that kind in the
-step): the order of collectives is the same on every rank of a correct program, while absolute
-counts can differ at the trace edges. A rank's arrival is the start of its collective; the
-others start early and spin until the last one arrives, so wait = last arrival - own arrival.
+Collectives are matched across ranks by their `CallKey` (step, process group, kind, n-th of
+that kind in the step): the order of collectives is the same on every rank of a correct
+program, while absolute counts can differ at the trace edges. A rank's arrival is the start
+of its collective; the others start early and spin until the last one arrives, so
+wait = last arrival - own arrival.
 The straggler is the rank whose late arrivals cost the others the most waiting.
 """
 
@@ -13,28 +14,18 @@ from collections import defaultdict
 
 import numpy as np
 
-from recprof.analysis.collectives import CollectiveRecords
+from recprof.analysis.collectives import CallKey, CollectiveRecords
 from recprof.analysis.model import MatchedCollective, SkewAnalysis, StepMetrics, StepSpread
 
 MAX_MATCHED_KEPT = 200
 # Below this share of the mean step, waiting is noise, not a straggler.
 STRAGGLER_MIN_FRACTION = 0.01
 
-Key = tuple[int, str, str, int]
-
-
-def _arrival_keys(records: CollectiveRecords) -> dict[Key, float]:
-    counters: dict[tuple[int, str, str], int] = defaultdict(int)
-    keys: dict[Key, float] = {}
-    for i in range(len(records)):
-        base = (int(records.step[i]), records.group[i], records.kind[i])
-        keys[(*base, counters[base])] = float(records.start[i])
-        counters[base] += 1
-    return keys
-
-
-def analyze_skew(records_by_rank: dict[int, CollectiveRecords],
-                 steps_by_rank: dict[int, list[StepMetrics]]) -> SkewAnalysis:
+def analyze_skew(
+    records_by_rank: dict[int, CollectiveRecords],
+    steps_by_rank: dict[int, list[StepMetrics]],
+) -> tuple[SkewAnalysis, dict[CallKey, dict[int, float]]]:
+    """The job's skew summary, and each matched call's wait per rank."""
     ranks = sorted(records_by_rank)
     skew = SkewAnalysis(
         wait_us_by_rank=dict.fromkeys(ranks, 0.0),
@@ -44,29 +35,29 @@ def analyze_skew(records_by_rank: dict[int, CollectiveRecords],
     skew.step_spread = _step_spread(steps_by_rank)
     n_steps = max((len(s) for s in steps_by_rank.values()), default=0) or 1
     skew.wait_us_per_step_by_rank = dict.fromkeys(ranks, 0.0)
+    waits: dict[CallKey, dict[int, float]] = {}
     if len(ranks) < 2:
-        return skew
-    arrivals = {rank: _arrival_keys(records_by_rank[rank]) for rank in ranks}
-    shared: dict[Key, list[int]] = defaultdict(list)
+        return skew, waits
+    arrivals: dict[CallKey, dict[int, float]] = defaultdict(dict)
     for rank in ranks:
-        for key in arrivals[rank]:
-            shared[key].append(rank)
+        records = records_by_rank[rank]
+        for i, key in enumerate(records.call_keys()):
+            arrivals[key][rank] = float(records.start[i])
     matched: list[MatchedCollective] = []
-    for key in sorted(shared):
-        present = shared[key]
+    for key in sorted(arrivals):
+        present = arrivals[key]
         if len(present) < 2:
             continue
-        starts = np.array([arrivals[r][key] for r in present])
-        last = present[int(np.argmax(starts))]
-        waits = starts.max() - starts
-        for r, w in zip(present, waits, strict=True):
-            skew.wait_us_by_rank[r] += float(w)
+        last = max(present, key=lambda r: present[r])
+        latest = present[last]
+        waits[key] = {r: latest - t for r, t in present.items()}
+        for r, w in waits[key].items():
+            skew.wait_us_by_rank[r] += w
         skew.last_arrivals_by_rank[last] += 1
-        skew.blame_us_by_rank[last] += float(waits.sum()) / (len(present) - 1)
+        skew.blame_us_by_rank[last] += sum(waits[key].values()) / (len(present) - 1)
         matched.append(MatchedCollective(
             step=key[0] if key[0] >= 0 else None, kind=key[2], process_group=key[1],
-            index=key[3], last_rank=last,
-            wait_us_by_rank={r: float(w) for r, w in zip(present, waits, strict=True)},
+            index=key[3], last_rank=last, wait_us_by_rank=waits[key],
         ))
     skew.matched_count = len(matched)
     skew.wait_us_per_step_by_rank = {r: w / n_steps for r, w in skew.wait_us_by_rank.items()}
@@ -81,7 +72,7 @@ def analyze_skew(records_by_rank: dict[int, CollectiveRecords],
     if cost > STRAGGLER_MIN_FRACTION * mean_step:
         skew.straggler_rank = straggler
         skew.straggler_cost_us_per_step = cost
-    return skew
+    return skew, waits
 
 
 def _step_spread(steps_by_rank: dict[int, list[StepMetrics]]) -> list[StepSpread]:

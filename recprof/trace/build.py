@@ -340,9 +340,10 @@ def _cpu_rows(
         if (pid, tid) != main_tid or cat not in _ATEN_OP_CATS:
             continue
         if name.startswith("c10d::"):
-            kind = collective_kind(name) or "unknown"
+            # The enqueue is communication time, but the instance is its gloo transfer: kind
+            # -1 keeps it out of collective counts, bandwidth and matching.
             rows.append((start, end, int(ActivityClass.COMM), main_lane, names(name), start,
-                         _KIND_INDEX[kind], -1, nan))
+                         -1, -1, nan))
         elif start >= outer_end and not is_collective_op(name) and not is_comm_wait_op(name):
             rows.append((start, end, int(ActivityClass.COMPUTE), main_lane, names(name), start,
                          -1, -1, nan))

@@ -60,7 +60,9 @@ class Activities:
     lane: np.ndarray  # index into RankTrace.lanes
     name: np.ndarray  # index into RankTrace.names
     launch: np.ndarray  # host launch time (absolute us) or NaN when unknown
-    coll_kind: np.ndarray  # index into vocabulary.COLLECTIVE_KINDS, -1 for non-comm
+    # index into vocabulary.COLLECTIVE_KINDS; -1 where the activity is not a collective
+    # instance (non-comm work, or a gloo collective's enqueue on the main thread)
+    coll_kind: np.ndarray
     coll_group: np.ndarray  # index into RankTrace.names for the process group, -1 if unknown
     coll_bytes: np.ndarray  # message bytes, NaN when unknown
 
