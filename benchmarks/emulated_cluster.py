@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @dataclass
@@ -65,6 +70,9 @@ class EmulatedCluster:
         return None
 
     def __enter__(self) -> EmulatedCluster:
+        # SIGTERM (and SIGINT, which background jobs ignore) must still tear down: turn it
+        # into SystemExit so __exit__ runs.
+        self._previous = signal.signal(signal.SIGTERM, _exit_on_signal)
         try:
             for node in self.nodes:
                 _ip("netns", "add", node.namespace)
@@ -91,6 +99,7 @@ class EmulatedCluster:
         tb: TracebackType | None,
     ) -> None:
         self.teardown()
+        signal.signal(signal.SIGTERM, self._previous)
 
     def teardown(self) -> None:
         """Stop anything still running in our namespaces, then delete them (and their veths)."""
@@ -127,7 +136,7 @@ class EmulatedCluster:
             env = {**os.environ, "GLOO_SOCKET_IFNAME": node.ifname}
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", node.namespace, *cmd], env=env, cwd=REPO,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             ))
         results = []
         for proc in procs:

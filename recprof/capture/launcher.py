@@ -39,6 +39,7 @@ class JobResult:
     """How the job ended, in shell convention (128 + N for death by signal N)."""
 
     returncode: int
+    pid: int  # the job's leader, also its process group id
     started_at: float
     ended_at: float
     forwarded: list[str] = field(default_factory=list)
@@ -70,7 +71,7 @@ def run_job(
     told each signal capture receives and what it forwards."""
     started = time.time()
     proc = subprocess.Popen(command, env=env, process_group=0)
-    result = JobResult(returncode=0, started_at=started, ended_at=started)
+    result = JobResult(returncode=0, pid=proc.pid, started_at=started, ended_at=started)
 
     def forward(signum: int, frame: object) -> None:
         received = signal.Signals(signum).name

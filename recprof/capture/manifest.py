@@ -62,6 +62,7 @@ def build_manifest(
         "started_at": job.started_at if job else time.time(),
         "ended_at": job.ended_at if job else None,
         "exit_code": job.returncode if job else None,
+        "job_pid": job.pid if job else None,
         "signals_forwarded": job.forwarded if job else [],
         "leftover_processes_killed": job.leftovers_killed if job else False,
         "world_size": world,

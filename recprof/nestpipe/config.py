@@ -215,8 +215,6 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
              f"must divide the world size ({world_size}), got {cfg.hsp_groups}")
     _require(cfg.batch_size % world_size == 0, "batch_size",
              f"must be a multiple of the world size ({world_size}), got {cfg.batch_size}")
-    # Dual-buffer pipelining is not built yet: refuse rather than run something else.
-    _require(not cfg.dbp, "dbp", "dual-buffer pipelining is not implemented yet; use false")
     local = cfg.batch_size // world_size
     _require(cfg.micro_batches <= local, "micro_batches",
              f"must be <= the per-rank batch ({local}), got {cfg.micro_batches}")

@@ -3,8 +3,9 @@
 One step of the sparse half, each piece a method so the trainer can label and schedule it:
 
 1. `route`: per table, deduplicate the batch's rows (unique + inverse), find each unique
-   row's owner and slot, exchange split sizes then slots by all-to-all (one exchange per
-   table, or one for all tables with `fuse_tables`).
+   row's owner and slot, exchange split sizes then slots by all-to-all. Each later exchange
+   covers one table, or all tables with `fuse_tables`; the routing of all of a window's
+   micro-batches and exchanges shares one split-size and one slot all-to-all.
 2. `fetch_start` / `fetch_finish`: owners gather the requested rows and return them by
    all-to-all in the QComms wire format; the requester gets one leaf tensor per exchange,
    which autograd fills with the gradient of every unique row.
@@ -53,6 +54,7 @@ class Pending:
     received: torch.Tensor
     sent: torch.Tensor
     slots: torch.Tensor | None = None  # for gradients: the local slots they belong to
+    decoded: torch.Tensor | None = None  # for fetches refreshed by DBP: rows in owner order
 
 
 @dataclass
@@ -106,21 +108,69 @@ class ShardedEmbeddings:
 
     # ---- forward --------------------------------------------------------------------------
 
-    def route(self, batch: Batch) -> Routing:
-        """Deduplicate per table, compute owners, exchange split sizes and slots."""
-        cfg, size = self.cfg, self.groups.group_size
-        lengths = batch.lengths
-        feat_len = lengths.sum(1).tolist()
-        feat_start = [sum(feat_len[:f]) for f in range(cfg.num_features)]
+    def route(self, batches: list[Batch]) -> list[Routing]:
+        """Deduplicate per table, compute owners, exchange split sizes and slots.
+
+        All batches (the micro-batches of a window) and all their exchanges share one
+        split-size all-to-all and one slot all-to-all: each synchronous collective is a point
+        where every rank waits for the slowest, so there are two per step, not two per
+        micro-batch and table.
+        """
+        size, group = self.groups.group_size, self.groups.shard_group
+        units: list[tuple] = []  # (owner-sorted slots, rows per shard, sort order, n unique)
+        spans, pool_indices = [], []
+        for batch in batches:
+            first = len(units)
+            pool_indices.append(self._dedup(batch, units))
+            spans.append(range(first, len(units)))
+        send = torch.stack([u[1] for u in units], dim=1).reshape(-1)  # (shard, unit) flat
+        recv = torch.empty_like(send)
+        _a2a(recv, send, [len(units)] * size, [len(units)] * size, group)
+        send_counts = send.view(size, -1).tolist()
+        recv_counts = recv.view(size, -1).tolist()  # (source shard, unit)
+        starts = [torch.cumsum(u[1], 0) - u[1] for u in units]
+        outgoing = torch.cat([u[0][int(starts[i][d]) : int(starts[i][d]) + send_counts[d][i]]
+                              for d in range(size) for i, u in enumerate(units)])
+        incoming = torch.empty(int(recv.sum()), dtype=torch.int64, device=self.device)
+        _a2a(incoming, outgoing, [sum(r) for r in recv_counts], [sum(c) for c in send_counts],
+             group)
+        self._count("key_a2a", 8 * len(units), [1] * size)
+        self._count("key_a2a", 8, [sum(c) for c in send_counts])
+        pieces: list[list[torch.Tensor]] = [[] for _ in units]
+        pos = 0
+        for s in range(size):
+            for i in range(len(units)):
+                pieces[i].append(incoming[pos : pos + recv_counts[s][i]])
+                pos += recv_counts[s][i]
+        routings = []
+        for batch, span, pool_index in zip(batches, spans, pool_indices, strict=True):
+            exchanges = [
+                Exchange(units[i][2], [c[i] for c in send_counts], [r[i] for r in recv_counts],
+                         torch.cat(pieces[i]), units[i][3])
+                for i in span
+            ]
+            lengths = batch.lengths.reshape(-1)
+            routings.append(Routing(exchanges, pool_index, torch.cumsum(lengths, 0) - lengths,
+                                    self.cfg.num_features, batch.size))
+        return routings
+
+    def _dedup(self, batch: Batch, units: list) -> torch.Tensor:
+        """Per comm group of tables: unique rows, their owners and slots; returns pool_index.
+
+        Appends one unit per comm group: (slots sorted by owner, rows per owner, the sort
+        order, number of unique rows).
+        """
+        feat_len = batch.lengths.sum(1).tolist()
+        feat_start = [sum(feat_len[:f]) for f in range(self.cfg.num_features)]
         pool_index = torch.empty_like(batch.ids)
-        exchanges, base = [], 0
+        base = 0
         for tables in self.comm_groups:
-            owners, slots, ex_base = [], [], base
+            owners, slots, unit_base = [], [], base
             for t in tables:
                 feats = [f for f, tt in enumerate(self.table_of_feature) if tt == t]
                 segs = [batch.ids[feat_start[f] : feat_start[f] + feat_len[f]] for f in feats]
-                rows = torch.cat(segs) % self.layout.rows[t]
-                uniq, inverse = torch.unique(rows, return_inverse=True)
+                uniq, inverse = torch.unique(torch.cat(segs) % self.layout.rows[t],
+                                             return_inverse=True)
                 pos = 0
                 for f, seg in zip(feats, segs, strict=True):
                     n = seg.shape[0]
@@ -130,19 +180,11 @@ class ShardedEmbeddings:
                 owners.append(owner)
                 slots.append(slot)
                 base += uniq.shape[0]
-            owner, slot = torch.cat(owners), torch.cat(slots)
+            owner = torch.cat(owners)
             order = torch.argsort(owner, stable=True)
-            send = torch.bincount(owner, minlength=size)
-            recv = torch.empty_like(send)
-            _a2a(recv, send, [1] * size, [1] * size, self.groups.shard_group)
-            send_counts, recv_counts = send.tolist(), recv.tolist()
-            recv_slots = torch.empty(sum(recv_counts), dtype=torch.int64, device=self.device)
-            _a2a(recv_slots, slot[order], recv_counts, send_counts, self.groups.shard_group)
-            self._count("key_a2a", 8, [1] * size)
-            self._count("key_a2a", 8, send_counts)
-            exchanges.append(Exchange(order, send_counts, recv_counts, recv_slots, base - ex_base))
-        offsets = torch.cumsum(lengths.reshape(-1), 0) - lengths.reshape(-1)
-        return Routing(exchanges, pool_index, offsets, cfg.num_features, batch.size)
+            counts = torch.bincount(owner, minlength=self.groups.group_size)
+            units.append((torch.cat(slots)[order], counts, order, base - unit_base))
+        return pool_index
 
     def fetch_start(self, routing: Routing) -> list[Pending]:
         """Owners gather the requested rows and start sending them back (asynchronously).
@@ -167,10 +209,47 @@ class ShardedEmbeddings:
         leaves = []
         for ex, p in zip(routing.exchanges, pending, strict=True):
             p.work.wait()
+            rows = p.decoded if p.decoded is not None else self.fwd_codec.decode(p.received,
+                                                                                 self.dim)
             leaf = torch.empty(ex.num_unique, self.dim, device=self.device)
-            leaf[ex.order] = self.fwd_codec.decode(p.received, self.dim)
+            leaf[ex.order] = rows
             leaves.append(leaf.requires_grad_(requires_grad))
         return leaves
+
+    def refresh(self, routing: Routing, pending: list[Pending], updated: torch.Tensor) -> None:
+        """Dual-buffer synchronisation: overwrite prefetched rows that the last update changed.
+
+        The next batch's rows were fetched before this step's update. Each owner knows which
+        of its slots it just updated (`updated`, sorted) and which slots every peer asked it
+        for, so it sends exactly the intersection again, with each row's position in that
+        peer's request; the requester patches its prefetch buffer in place. Rows nobody
+        updated are already current, so the buffer ends equal to a fetch made after the update.
+        """
+        size, group = self.groups.group_size, self.groups.shard_group
+        ranks = torch.arange(size, device=self.device)
+        for ex, p in zip(routing.exchanges, pending, strict=True):
+            recv_counts = torch.tensor(ex.recv_counts, device=self.device)
+            peer = torch.repeat_interleave(ranks, recv_counts)
+            stale = torch.isin(ex.recv_slots, updated).nonzero().squeeze(1)
+            position = stale - (torch.cumsum(recv_counts, 0) - recv_counts)[peer[stale]]
+            send = torch.bincount(peer[stale], minlength=size)
+            recv = torch.empty_like(send)
+            _a2a(recv, send, [1] * size, [1] * size, group)
+            send_list, recv_list = send.tolist(), recv.tolist()
+            got_pos = torch.empty(sum(recv_list), dtype=torch.int64, device=self.device)
+            _a2a(got_pos, position, recv_list, send_list, group)
+            wire = self.fwd_codec.encode(self.weight.index_select(0, ex.recv_slots[stale]))
+            got = self.fwd_codec.empty(got_pos.shape[0], self.dim, self.device)
+            _a2a(got, wire, recv_list, send_list, group)
+            self._count("dbp_refresh", 8, [1] * size)
+            self._count("dbp_refresh", 8 + self.fwd_codec.row_bytes(self.dim), send_list)
+            p.work.wait()
+            if p.decoded is None:
+                p.decoded = self.fwd_codec.decode(p.received, self.dim)
+            send_start = torch.cumsum(torch.tensor(ex.send_counts, device=self.device), 0)
+            send_start -= torch.tensor(ex.send_counts, device=self.device)
+            owner = torch.repeat_interleave(ranks, recv)
+            p.decoded[send_start[owner] + got_pos] = self.fwd_codec.decode(got, self.dim)
 
     def fetch(self, routing: Routing, requires_grad: bool) -> list[torch.Tensor]:
         """Synchronous fetch: start and wait."""

@@ -1,18 +1,27 @@
-"""The synchronous NestPipe trainer: one batch at a time, every stage under a stable label.
+"""The NestPipe trainer: synchronous baseline, frozen-window (FWP) and dual-buffer (DBP) pipelining.
 
-The step is the TorchRec-like baseline the pipelined schedules are measured against:
+One step, every stage under a stable `record_function` label (docs/nestpipe.md):
 
     nestpipe:data_wait           next batch from the DataLoader (workers, pinned memory)
-    nestpipe:key_routing         dedup, owners, split-size and slot all-to-alls
-    nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-all (QComms wire format)
-    nestpipe:dense_fwd_bwd       pooling, dense forward, loss, backward
-    nestpipe:grad_a2a_bwd        unique-row gradients back to owners by all-to-all
+    nestpipe:h2d                 its host-to-device copy (non-blocking; a no-op on CPU)
+    nestpipe:key_routing         micro-batch split/clustering, dedup, owners, slot all-to-alls
+    nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-alls started (async)
+    nestpipe:embedding_a2a_wait  waiting for one micro-batch's rows
+    nestpipe:dense_fwd_bwd       pooling, dense forward, loss, backward (per micro-batch)
+    nestpipe:grad_a2a_bwd        unique-row gradients to owners, all-to-all started (async)
+    nestpipe:grad_a2a_wait       waiting for all gradient all-to-alls; owners sum per row
     nestpipe:hsp_allreduce       touched-row gradients summed across HSP groups (M > 1 only)
     nestpipe:dense_allreduce     dense gradients (and the loss) summed over all ranks
     nestpipe:optimizer           row-wise Adagrad on touched rows, then the dense optimizer
+    nestpipe:dbp_refresh         DBP only: rows of the prefetched next batch that this update
+                                 changed are sent again (dual-buffer synchronisation)
+
+With DBP the next batch is routed and its fetch started before this batch's compute, so
+`key_routing`/`embedding_a2a_fwd` of step t+1 appear inside step t.
 
 Losses are sums over the local samples divided by the *global* batch size, so summing
-gradients over ranks gives exactly the global-batch gradient of a single process.
+gradients over ranks (and micro-batches) gives exactly the global-batch gradient of a single
+process: every schedule trains the same parameters, up to float reassociation.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +41,7 @@ from torch.profiler import record_function
 
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, make_loader
-from recprof.nestpipe.embedding import ShardedEmbeddings
+from recprof.nestpipe.embedding import Pending, Routing, ShardedEmbeddings
 from recprof.nestpipe.metrics import roc_auc
 from recprof.nestpipe.microbatch import split
 from recprof.nestpipe.model import DenseArch
@@ -38,7 +49,8 @@ from recprof.nestpipe.sharding import Groups, make_groups
 from recprof.nestpipe.state import gather_state
 
 SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
-BYTE_KINDS = ("key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce")
+BYTE_KINDS = ("key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce",
+              "dbp_refresh")
 
 
 def _dense_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -47,6 +59,15 @@ def _dense_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torc
     if cfg.dense_optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.dense_lr)
     return torch.optim.Adagrad(params, lr=cfg.dense_lr)
+
+
+@dataclass
+class Prepared:
+    """A batch whose keys are routed and whose embedding fetches are in flight."""
+
+    micro: list[Batch]
+    routings: list[Routing]
+    fetches: list[list[Pending]]
 
 
 class Trainer:
@@ -62,23 +83,38 @@ class Trainer:
         self.optimizer = _dense_optimizer(cfg, self.params)
         self.embeddings = ShardedEmbeddings(cfg, groups, device)
 
-    def train_step(self, batch: Batch) -> float:
-        """One step over a frozen window of `micro_batches`; returns the global mean loss.
+    def prepare(self, batch: Batch) -> Prepared:
+        """Split into micro-batches, route their keys and start every embedding fetch.
 
-        With one micro-batch this is the synchronous baseline. With N, every micro-batch's
-        embedding fetch is started up front (parameters are frozen until the update, so
-        nothing can go stale), micro-batch i's dense compute runs while i+1.. are still on
-        the wire, and each gradient all-to-all is started as soon as its backward is done.
+        Starting all fetches at once is what the frozen window allows: parameters do not
+        change until the step's update, so no fetched row can go stale within the step.
         """
         cfg, emb = self.cfg, self.embeddings
         with record_function("nestpipe:key_routing"):
             micro = split(batch, cfg.micro_batches, cfg.clustering, cfg.table_rows(),
                           emb.table_of_feature)
-            routings = [emb.route(mb) for mb in micro]
+            routings = emb.route(micro)
         with record_function("nestpipe:embedding_a2a_fwd"):
             fetches = [emb.fetch_start(r) for r in routings]
+        return Prepared(micro, routings, fetches)
+
+    def refresh(self, prepared: Prepared, updated: torch.Tensor) -> None:
+        """DBP: bring a batch prefetched before the last update up to date (see refresh())."""
+        with record_function("nestpipe:dbp_refresh"):
+            for routing, fetch in zip(prepared.routings, prepared.fetches, strict=True):
+                self.embeddings.refresh(routing, fetch, updated)
+
+    def finish(self, prepared: Prepared) -> tuple[float, torch.Tensor]:
+        """Compute, exchange gradients and update; returns (global mean loss, updated slots).
+
+        Micro-batch i's dense compute runs while fetches of i+1.. are still on the wire, and
+        each gradient all-to-all starts as soon as its backward is done. With one
+        micro-batch and no DBP this is the synchronous baseline.
+        """
+        cfg, emb = self.cfg, self.embeddings
         sends, loss_sum = [], torch.zeros((), device=self.device)
-        for mb, routing, fetch in zip(micro, routings, fetches, strict=True):
+        for mb, routing, fetch in zip(prepared.micro, prepared.routings, prepared.fetches,
+                                      strict=True):
             with record_function("nestpipe:embedding_a2a_wait"):
                 leaves = emb.fetch_finish(routing, fetch, requires_grad=True)
             with record_function("nestpipe:dense_fwd_bwd"):
@@ -99,7 +135,7 @@ class Trainer:
             emb.apply(touched, grads)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        return total / cfg.batch_size
+        return total / cfg.batch_size, touched
 
     def _allreduce_dense(self, loss_sum: torch.Tensor) -> float:
         """Sum dense gradients over all ranks in one flat buffer; the loss rides along."""
@@ -123,7 +159,7 @@ class Trainer:
         with record_function("nestpipe:eval"):
             for batch in loader:
                 batch = batch.to(self.device)
-                routing = self.embeddings.route(batch)
+                routing = self.embeddings.route([batch])[0]
                 leaves = self.embeddings.fetch(routing, requires_grad=False)
                 scores.append(self.model(batch.dense, self.embeddings.pool(routing, leaves)))
                 labels.append(batch.labels)
@@ -148,6 +184,15 @@ def init_distributed(cfg: TrainConfig) -> torch.device:
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")
+
+
+def _next(batches: Iterator[Batch], device: torch.device) -> Batch:
+    """Stages 1-2 of the pipeline: a batch the DataLoader workers prefetched (pinned where
+    there is a device), then its host-to-device copy (non-blocking; a no-op on CPU)."""
+    with record_function("nestpipe:data_wait"):
+        batch = next(batches)
+    with record_function("nestpipe:h2d"):
+        return batch.to(device)
 
 
 def _bytes_per_step(trainer: Trainer, steps: int) -> dict[str, float]:
@@ -186,11 +231,18 @@ def train(
     loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers)
     batches = iter(loader)
     walls, loss = [], float("nan")
+    upcoming = trainer.prepare(_next(batches, device)) if cfg.dbp else None
     for step in range(cfg.steps):
         t0 = time.perf_counter()
-        with record_function("nestpipe:data_wait"):
-            batch = next(batches).to(device)
-        loss = trainer.train_step(batch)
+        if upcoming is None:
+            current = trainer.prepare(_next(batches, device))
+        else:
+            # DBP: route and fetch batch t+1 now, so its all-to-alls overlap t's compute.
+            current = upcoming
+            upcoming = trainer.prepare(_next(batches, device)) if step + 1 < cfg.steps else None
+        loss, updated = trainer.finish(current)
+        if upcoming is not None:
+            trainer.refresh(upcoming, updated)
         walls.append(time.perf_counter() - t0)
         if metrics_fh is not None:
             record = {"step": step, "samples": cfg.batch_size, "wall_s": walls[-1], "loss": loss}

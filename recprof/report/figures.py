@@ -81,8 +81,8 @@ def rank_label(rank: int) -> str:
 
 # --- 2. per-rank stacked bars ----------------------------------------------------------------
 
-#: (key, legend label, function of a rank's mean StepMetrics-like dict) in stacking order;
-#: the parts add up to the step because compute = compute-only + hidden comm.
+#: (key into `bar_parts`, legend label) in stacking order; the parts add up to the step
+#: because compute = compute not overlapping communication + hidden comm.
 BAR_PARTS: tuple[tuple[str, str], ...] = (
     ("compute", "compute (not overlapping comm)"),
     ("hidden_comm", "hidden comm (overlapped by compute)"),
@@ -125,6 +125,8 @@ def breakdown_bars(means: dict[int, dict[str, float]]) -> Figure:
     height = min(max(300, 110 + 26 * len(ranks)), MAX_BARS_HEIGHT)
     return {"data": data, "layout": _layout(
         barmode="stack", height=height, margin={"l": 60, "r": 20, "t": 90, "b": 40},
+        legend={"orientation": "h", "x": 0, "y": 1.01, "yanchor": "bottom",
+                "traceorder": "normal"},
         xaxis={"rangemode": "tozero", "ticksuffix": " ms"},
         yaxis={"autorange": "reversed", "type": "category"},
     )}

@@ -2,7 +2,9 @@
 
 Self-contained by default: plotly.js (from the installed `plotly` package) is inlined so the
 file opens offline and can be mailed or attached to a ticket. `cdn=True` loads the same
-plotly.js version from its CDN instead, for a file a few hundred KB smaller than 5 MB.
+plotly.js version from its CDN instead: plotly.js is ~4.8 MB, so for the 8-rank Megatron set
+the report drops from ~5.6 MB to ~0.8 MB. A Content-Security-Policy allows exactly the
+report's own scripts (by hash), behind the escaping in `recprof.report.safe`.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Two halves, kept apart on purpose:
 
-* `run_hta` runs HTA's own `get_comm_comp_overlap` and `get_temporal_breakdown` in a child
-  process (this file run as a script). HTA pulls in pandas and forks a parser pool per set,
-  and reads its options (`HTA_DISABLE_NS_ROUNDING`) from the environment once; a child keeps
-  all of that out of the pytest process.
+* `start_hta`/`finish_hta` run HTA's own `get_comm_comp_overlap` and
+  `get_temporal_breakdown` in a child process (this file run as a script). HTA pulls in
+  pandas, forks a parser pool per set and reads its options (`HTA_DISABLE_NS_ROUNDING`) from
+  the environment once; a child keeps all of that out of the pytest process.
 * `hta_chain` recomputes HTA's numbers from recprof's own trace model (`RankTrace`) and
   breakdown (`step_metrics` over `IntervalSet`s), changing one definition at a time, so every
   gap between recprof's native numbers and HTA's is attributed to a named difference.
@@ -50,8 +50,9 @@ HTA_NOT_COMPUTE = re.compile(
     r"|(^runFunction)|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)"
     r"|(^collective_subgraph_execution)"
 )
-# hta/common/types.py CPU_EVENTS_CATEGORY_PATTERN: host events that survive HTA's step filter.
-HTA_CPU_CATEGORY = re.compile(r"(cpu_op)|(user_annotation)|(^(.+)_runtime)")
+# hta/common/trace_filter.py `_filter_gpu_kernels_with_cuda_sync`: device-wide syncs that HTA's
+# step filter treats as GPU events although they carry no stream.
+HTA_SYNC_NAMES = {"Event Sync", "Context Sync"}
 # Categories recprof's trace model turns into device activity (recprof/trace/build.py).
 RECPROF_DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset",
                              "mtia_ccp_events"}
@@ -60,12 +61,12 @@ _GPU_CATEGORY_BYTES = re.compile(rb'"cat"\s*:\s*"(kernel|gpu_memcpy|gpu_memset|m
                                  re.IGNORECASE)
 
 
-def _stream_id(args: Any) -> int | None:
-    """HTA's `stream` column: `int(args["stream"])`, -1 (here None) when absent or not int."""
-    if not isinstance(args, dict) or "stream" not in args:
+def _int_arg(args: Any, key: str) -> int | None:
+    """An int-valued arg as HTA's parser reads it (`int(...)`); None where HTA has -1."""
+    if not isinstance(args, dict) or key not in args:
         return None
     try:
-        return int(args["stream"])
+        return int(args[key])
     except (TypeError, ValueError):
         return None
 
@@ -83,19 +84,29 @@ class RankInput:
     host_stream_start: np.ndarray
     host_stream_end: np.ndarray
     host_stream_name: list[str]
-    host_stream_cpu_cat: np.ndarray  # bool: category HTA's step filter treats as host op
+    host_stream_kept: np.ndarray  # bool: survives HTA's step filter, when HTA filters
+    # Start (absolute us) of the latest ProfilerStep row on HTA's host side; HTA drops what
+    # starts after it. The `gpu_user_annotation` copy of the step counts, so this can be
+    # later than recprof's last step start.
+    hta_last_step_start: float
     step_names: set[str]
     hta_rounds: bool  # HTA's `ts` column is float64, so its ns rounding applies
 
 
 def load_rank_input(path: Path) -> RankInput:
+    """Parse `path` once into recprof's `RankTrace` plus what HTA's definitions need.
+
+    HTA's step filter (`Trace._filter_irrelevant_gpu_kernels`) splits events in two: its GPU
+    set (`stream >= 0 and correlation >= 0`, or an Event/Context Sync) and everything else.
+    A GPU-set event is kept iff a kept non-GPU event shares its correlation id; a non-GPU
+    event is kept iff it starts before the last ProfilerStep row among the non-GPU events.
+    """
     raw = read_trace(path)
     base = raw.meta.get("baseTimeNanoseconds")
     base_us = float(base) / 1000.0 if isinstance(base, (int, float)) else 0.0
-    starts: list[float] = []
-    ends: list[float] = []
-    names: list[str] = []
-    cpu_cat: list[bool] = []
+    extras: list[tuple[float, float, str, bool, int | None]] = []
+    host_corr_start: dict[int, float] = {}
+    step_starts: list[float] = []
     step_names: set[str] = set()
     rounds = False
     for ev in raw.events:
@@ -103,21 +114,34 @@ def load_rank_input(path: Path) -> RankInput:
             continue
         ts, dur = ev.get("ts"), ev.get("dur")
         rounds = rounds or not isinstance(ts, int)
+        cat = str(ev.get("cat") or "")
+        if (not isinstance(ts, (int, float)) or not isinstance(dur, (int, float))
+                or not cat or cat == "Trace"):  # rows HTA's parser drops
+            continue
         name = str(ev.get("name") or "")
+        args = ev.get("args")
+        stream, corr = _int_arg(args, "stream"), _int_arg(args, "correlation")
+        start = float(ts) + base_us
+        gpu_set = (stream is not None and stream >= 0 and corr is not None and corr >= 0) or (
+            name in HTA_SYNC_NAMES)
+        if not gpu_set:
+            if corr is not None:
+                host_corr_start[corr] = min(start, host_corr_start.get(corr, math.inf))
+            if name.startswith("ProfilerStep#"):
+                step_starts.append(start)
         if name.startswith("ProfilerStep#"):
             step_names.add(name)
-        cat = str(ev.get("cat") or "")
-        if (ev.get("ph") != "X" or not isinstance(ts, (int, float))
-                or not isinstance(dur, (int, float)) or cat.lower() in RECPROF_DEVICE_CATEGORIES
-                or _stream_id(ev.get("args")) is None):
-            continue
-        starts.append(float(ts) + base_us)
-        ends.append(float(ts) + base_us + float(dur))
-        names.append(name)
-        cpu_cat.append(bool(HTA_CPU_CATEGORY.match(cat)))
+        if (ev.get("ph") == "X" and stream is not None
+                and cat.lower() not in RECPROF_DEVICE_CATEGORIES):
+            extras.append((start, start + float(dur), name, gpu_set, corr))
+    last = max(step_starts, default=math.inf)
+    kept = [host_corr_start.get(c, math.inf) < last if gpu and c is not None else s < last
+            for s, _, _, gpu, c in extras]
     trace = build_rank_trace(raw)
-    return RankInput(str(path), trace.header.rank, trace, np.asarray(starts), np.asarray(ends),
-                     names, np.asarray(cpu_cat, dtype=bool), step_names, rounds)
+    return RankInput(str(path), trace.header.rank, trace,
+                     np.asarray([e[0] for e in extras]), np.asarray([e[1] for e in extras]),
+                     [e[2] for e in extras], np.asarray(kept, dtype=bool), last, step_names,
+                     rounds)
 
 
 @dataclass(frozen=True)
@@ -175,23 +199,20 @@ class HtaRank:
 HtaResult = dict[str, dict[int, HtaRank] | str]
 
 
-def start_hta(cases: list[Case], ns_rounding: bool) -> subprocess.Popen[str]:
+def start_hta(cases: list[Case], ns_rounding: bool, workdir: Path) -> subprocess.Popen[str]:
     """Start HTA on `cases` in a child; `finish_hta` collects the result. Started early so it
     runs while recprof's side is computed."""
     env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "0" if ns_rounding else "1"}
-    proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps([dataclasses.asdict(c) for c in cases]))
-    proc.stdin.close()
-    return proc
+    request = workdir / f"hta_cases_rounding{int(ns_rounding)}.json"
+    request.write_text(json.dumps([dataclasses.asdict(c) for c in cases]))
+    return subprocess.Popen([sys.executable, __file__, str(request)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def finish_hta(proc: subprocess.Popen[str], timeout: float = 300) -> HtaResult:
     """Per case: {rank: HtaRank}, or one line saying why HTA could not analyse it."""
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = proc.stdout.read(), proc.stderr.read()
-    if proc.wait(timeout) != 0:
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
         raise RuntimeError(f"HTA child exited {proc.returncode}:\n{err[-3000:]}")
     return decode_hta(json.loads(out.splitlines()[-1]))
 
@@ -209,7 +230,7 @@ def encode_hta(result: HtaResult) -> dict[str, Any]:
 
 
 def _hta_child() -> None:
-    """Child side of `start_hta`: cases as JSON on stdin, one JSON line on stdout."""
+    """Child side of `start_hta`: cases in the JSON file named by argv[1], one JSON line out."""
     import logging
     import warnings
 
@@ -219,7 +240,7 @@ def _hta_child() -> None:
 
     hta_logger.setLevel(logging.CRITICAL)
     results: dict[str, Any] = {}
-    for case in json.loads(sys.stdin.read()):
+    for case in json.loads(Path(sys.argv[1]).read_text()):
         files = {int(r): f for r, f in case["files"].items()}
         try:
             analysis = TraceAnalysis(trace_files=files)
@@ -282,11 +303,11 @@ def hta_chain(rank: RankInput, set_step_names: int) -> list[ChainStep]:
 
     1. native: recprof's totals over every step window (the last step included).
     2. HTA window: with two or more distinct ProfilerStep names in the set, only activity
-       whose launching host event starts before the rank's last ProfilerStep (recprof's
-       `launch` column); one window from the first kept activity's start to the last one's
-       end (HTA's `kernel_time`).
+       whose launching host event (recprof's `launch` column) starts before HTA's last step
+       start (`RankInput.hta_last_step_start`); one window from the first kept activity's
+       start to the last one's end (HTA's `kernel_time`).
     3. HTA GPU events: plus host-side events that carry `args.stream`, which HTA counts as GPU
-       activity (under the step filter only those in a host-op category survive).
+       activity, kept or dropped by the step filter as `load_rank_input` works out.
     4. HTA classes: comm = names matching `HTA_COMM`; compute = names not matching
        `HTA_NOT_COMPUTE`; the rest (copies, memsets, syncs) is neither.
     5. HTA ns rounding (only where HTA applies it): start rounded up, end down to whole
@@ -294,8 +315,8 @@ def hta_chain(rank: RankInput, set_step_names: int) -> list[ChainStep]:
     """
     trace = rank.trace
     steps = [native_numbers(trace)]
-    filtering = set_step_names >= 2 and bool(trace.steps)
-    last_start = max((s.start_us for s in trace.steps), default=math.inf)
+    last_start = rank.hta_last_step_start
+    filtering = set_step_names >= 2 and math.isfinite(last_start)
     acts = trace.activities
     if filtering:
         with np.errstate(invalid="ignore"):
@@ -308,25 +329,25 @@ def hta_chain(rank: RankInput, set_step_names: int) -> list[ChainStep]:
 
     host = np.ones(len(rank.host_stream_start), dtype=bool)
     if filtering:
-        host = rank.host_stream_cpu_cat & (rank.host_stream_start < last_start)
+        host = rank.host_stream_kept
     names = [trace.names[i] for i in acts.name] + [
         n for n, keep in zip(rank.host_stream_name, host, strict=True) if keep]
     n_host = int(host.sum())
     start = np.concatenate([acts.start, rank.host_stream_start[host]])
     end = np.concatenate([acts.end, rank.host_stream_end[host]])
     klass = np.concatenate([acts.klass, np.full(n_host, ActivityClass.OTHER, dtype=np.int8)])
-    steps.append(ChainStep("HTA GPU events", *_numbers(trace, start, end, klass, names)))
+    steps.append(ChainStep("HTA GPU events", *_numbers(trace, start, end, klass)))
 
     comm = np.fromiter((bool(HTA_COMM.match(n)) for n in names), bool, len(names))
     compute = np.fromiter((not HTA_NOT_COMPUTE.match(n) for n in names), bool, len(names))
     klass = np.full(len(names), ActivityClass.OTHER, dtype=np.int8)
     klass[compute] = ActivityClass.COMPUTE
     klass[comm] = ActivityClass.COMM
-    steps.append(ChainStep("HTA classes", *_numbers(trace, start, end, klass, names)))
+    steps.append(ChainStep("HTA classes", *_numbers(trace, start, end, klass)))
 
     if rank.hta_rounds:
         start, end = np.ceil(start), np.floor(end)
-        steps.append(ChainStep("HTA ns rounding", *_numbers(trace, start, end, klass, names)))
+        steps.append(ChainStep("HTA ns rounding", *_numbers(trace, start, end, klass)))
     return steps
 
 
@@ -335,8 +356,8 @@ def _overlap_idle(trace: RankTrace, window: Window) -> tuple[float, float]:
     return _pct(m.hidden_comm, m.comm), _pct(m.idle, m.step)
 
 
-def _numbers(trace: RankTrace, start: np.ndarray, end: np.ndarray, klass: np.ndarray,
-             names: list[str]) -> tuple[float, float]:
+def _numbers(trace: RankTrace, start: np.ndarray, end: np.ndarray,
+             klass: np.ndarray) -> tuple[float, float]:
     """Overlap and idle of arbitrary activity columns in recprof's breakdown, over HTA's
     window, corrected for rounded intervals with end < start (see `_lone_negative`)."""
     n = len(start)

@@ -96,3 +96,16 @@ def explain(proc: subprocess.CompletedProcess[str]) -> str:
     """The tail of a capture run's output, for assertion messages."""
     out, err = proc.stdout[-3000:], proc.stderr[-6000:]
     return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group `pgid` (what capture must not leave behind)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members

@@ -22,6 +22,7 @@ from capture_helpers import (
     alive,
     capture_cmd,
     explain,
+    group_members,
     manifest,
     meta,
     profiler_steps,
@@ -84,23 +85,23 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
     assert man["captured"] == {"traces": 2, "step_logs": 2, "meta": 2}
     assert man["missing"] == []
     assert all(r["trace_events"] > 100 for r in man["ranks"])
-    assert man["analysis"] == "analysis.json" and (out / "analysis.json").stat().st_size > 0
-    assert man["report"] == "report.html"
+    assert man["analysis"] == "analysis.json", explain(proc)
+    assert (out / "analysis.json").stat().st_size > 0
+    assert man["report"] == "report.html", explain(proc)
     assert f"report: {out / 'report.html'}" in " ".join(proc.stderr.split())
 
 
 def test_job_without_optimizer_steps_on_the_outermost_forward(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_capture(
-        out, (1, 1, 2), *TORCHRUN, "2", str(TINY_JOB), "--steps", "6", "--no-optimizer"
+        out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6", "--no-optimizer"
     )
     assert proc.returncode == 0, explain(proc)
-    for rank in (0, 1):
-        assert meta(out, rank)["step_source"] == "forward"
-        # 6 forwards are 6 boundaries: 5 complete steps (the last has no end)
-        assert [s["step"] for s in step_log(out, rank)] == [0, 1, 2, 3, 4]
-    traces = sorted((out / "traces").glob("*.pt.trace.json"))
-    assert len(traces) == 2
+    assert meta(out, 0)["step_source"] == "forward"
+    # 6 forwards of the DDP wrapper are 6 boundaries: 5 complete steps (the last has no end)
+    assert [s["step"] for s in step_log(out, 0)] == [0, 1, 2, 3, 4]
+    traces = list((out / "traces").glob("*.pt.trace.json"))
+    assert len(traces) == 1
     assert profiler_steps(trace_events(traces[0])[1]) == [2, 3]
 
 
@@ -158,17 +159,16 @@ def test_crash_on_one_rank_keeps_what_was_written(tmp_path: Path) -> None:
 def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_capture(
-        out, (1, 1, 2), *TORCHRUN, "2", str(TINY_JOB), "--steps", "6", "--self-profile"
+        out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6", "--self-profile"
     )
     assert proc.returncode == 0, explain(proc)
     assert "already enabled" not in proc.stderr
     assert "runs its own profiler" in proc.stderr
     assert list((out / "traces").iterdir()) == []
     man = manifest(out)
-    assert len(man["missing"]) == 2 and all("its own profiler" in line for line in man["missing"])
-    for rank in (0, 1):
-        assert meta(out, rank)["profiler"]["status"] == "stepped_aside"
-        assert {s["phase"] for s in step_log(out, rank)} == {"unprofiled"}
+    assert len(man["missing"]) == 1 and "its own profiler" in man["missing"][0]
+    assert meta(out, 0)["profiler"]["status"] == "stepped_aside"
+    assert {s["phase"] for s in step_log(out, 0)} == {"unprofiled"}
 
 
 def test_job_that_exits_before_the_window(tmp_path: Path) -> None:
@@ -221,6 +221,7 @@ def test_ctrl_c_is_forwarded_and_leaves_no_orphans(tmp_path: Path) -> None:
     man = manifest(out)
     assert man["status"] == "interrupted" and man["signals_forwarded"] == ["SIGINT"]
     assert man["exit_code"] == proc.returncode
+    assert group_members(man["job_pid"]) == []  # torchrun and both ranks are gone
     for rank in (0, 1):
         m = meta(out, rank)
         assert m["exit"]["status"] in ("interrupted", "signal"), m["exit"]

@@ -89,7 +89,7 @@ def test_manifest_explains_a_rank_killed_without_saving(tmp_path: Path) -> None:
         "step_source": "optimizer",
     }
     (tmp_path / "meta" / "rank0.json").write_text(json.dumps(stale))
-    job = JobResult(returncode=137, started_at=0.0, ended_at=1.0)
+    job = JobResult(returncode=137, pid=1234, started_at=0.0, ended_at=1.0)
     m = build_manifest(tmp_path, ["torchrun", "x.py"], CaptureOptions(3, 0, 3, False), job)
     assert m["status"] == "failed"
     assert m["ranks"][0]["steps_logged"] == 4

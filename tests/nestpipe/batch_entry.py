@@ -7,7 +7,9 @@ A spec may ask for a deliberately bugged trainer, which the exactness tests must
   - `hsp_no_allreduce`: the cross-group all-reduce skipped, so each HSP group trains on its
     own half of the batch;
   - `last_micro_batch_only`: gradients of earlier micro-batches dropped (an accumulation
-    buffer overwritten instead of added to).
+    buffer overwritten instead of added to);
+  - `no_dbp_refresh`: DBP without the dual-buffer synchronisation, so a batch reads rows
+    prefetched before the previous update.
 
     torchrun ... batch_entry.py SPECS.json   # [{"config", "sets", "out", "fault"}]
 """
@@ -27,7 +29,8 @@ from recprof.nestpipe.embedding import ShardedEmbeddings
 from recprof.nestpipe.trainer import init_distributed, train
 
 CORRECT = {"hsp_allreduce": ShardedEmbeddings.hsp_allreduce,
-           "grads_finish": ShardedEmbeddings.grads_finish}
+           "grads_finish": ShardedEmbeddings.grads_finish,
+           "refresh": ShardedEmbeddings.refresh}
 
 
 def _no_allreduce(
@@ -43,8 +46,13 @@ def _last_only(self: ShardedEmbeddings, pending: list) -> tuple[torch.Tensor, to
     return CORRECT["grads_finish"](self, pending[-per_micro_batch:])
 
 
+def _no_refresh(self: ShardedEmbeddings, routing: object, pending: list, updated: object) -> None:
+    return None
+
+
 FAULTS = {"hsp_no_allreduce": ("hsp_allreduce", _no_allreduce),
-          "last_micro_batch_only": ("grads_finish", _last_only)}
+          "last_micro_batch_only": ("grads_finish", _last_only),
+          "no_dbp_refresh": ("refresh", _no_refresh)}
 
 
 def main(spec_file: str) -> None:

@@ -30,10 +30,14 @@ VARIANTS: dict[str, tuple[int, tuple[str, ...], str]] = {
     "fwp2": (2, ("micro_batches=2",), ""),
     "fwp4_clustered": (2, ("micro_batches=4", "clustering=true", "fuse_tables=false"), ""),
     "fwp4_bugged": (2, ("micro_batches=4",), "last_micro_batch_only"),
+    "dbp": (2, ("dbp=true",), ""),
+    "dbp_fwp4_clustered": (2, ("dbp=true", "micro_batches=4", "clustering=true"), ""),
+    "dbp_bugged": (2, ("dbp=true",), "no_dbp_refresh"),
     "hsp1": (4, ("hsp_groups=1",), ""),
     "hsp2": (4, ("hsp_groups=2",), ""),
     "hsp2_bugged": (4, ("hsp_groups=2",), "hsp_no_allreduce"),
     "hsp2_fwp2_clustered": (4, ("hsp_groups=2", "micro_batches=2", "clustering=true"), ""),
+    "hsp2_dbp_fwp2": (4, ("hsp_groups=2", "dbp=true", "micro_batches=2", "sharding=table"), ""),
 }
 
 

@@ -40,7 +40,7 @@ def test_toml_file(tmp_path: Path) -> None:
         (["reshape=3"], 1, "reshape: must divide embedding_dim"),
         (["warmup_steps=6"], 1, "warmup_steps: must be < steps"),
         (["num_embeddings=[1, 2]"], 1, "num_embeddings: lists 2 tables"),
-        (["dbp=true"], 1, "dbp: "),
+        (["dbp=1"], 1, "dbp: expected true or false"),
         (["micro_batches=33"], 2, "micro_batches: must be <= the per-rank batch (32)"),
         (["data=tsv"], 1, "data_path: required"),
         (["noequals"], 1, "--set: expected key=value"),

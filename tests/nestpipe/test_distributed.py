@@ -35,6 +35,25 @@ def test_frozen_window_equals_synchronous(runs: Runs, variant: str) -> None:
     assert torch.allclose(_losses(runs.single()), _losses(runs[variant]), rtol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["dbp", "dbp_fwp4_clustered"])
+def test_dual_buffer_pipelining_equals_synchronous(runs: Runs, variant: str) -> None:
+    run = runs[variant]
+    assert states_close(runs.single().state, run.state)
+    assert torch.allclose(_losses(runs.single()), _losses(run), rtol=1e-5)
+    # Zipf data: consecutive batches share rows, so the refresh really had work to do.
+    assert run.summary["bytes_per_step"]["dbp_refresh"] > 0
+
+
+def test_dbp_without_dual_buffer_sync_is_caught(runs: Runs) -> None:
+    assert not states_close(runs.single().state, runs["dbp_bugged"].state)
+
+
+def test_pipelining_with_hsp_equals_synchronous(runs: Runs) -> None:
+    run = runs["hsp2_dbp_fwp2"]
+    assert states_close(runs["hsp1"].state, run.state)
+    assert run.state["replica_max_abs_diff"] == 0.0
+
+
 def test_dropping_micro_batch_gradients_is_caught(runs: Runs) -> None:
     assert not states_close(runs.single().state, runs["fwp4_bugged"].state)
 

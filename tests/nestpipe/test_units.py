@@ -126,7 +126,8 @@ def test_single_rank_run_in_process(tmp_path: Path) -> None:
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 6
     assert set(summary["bytes_per_step"]) == {
-        "key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce"
+        "key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce",
+        "dbp_refresh",
     }
     assert summary["bytes_per_step"]["embedding_a2a_fwd"] == 0  # one rank sends nothing
 

@@ -64,6 +64,9 @@ class PageCheck:
     text: str = ""
     injected_elements: int = 0
     hover_texts: list[str] = field(default_factory=list)
+    #: Column 2 (step ms) of the breakdown table after one and after two header clicks.
+    sorted_once: list[float] = field(default_factory=list)
+    sorted_twice: list[float] = field(default_factory=list)
 
 
 # Hover the first point of each 1-D plotly trace whose text holds `marker`; return the text
@@ -131,6 +134,13 @@ class Browser:
                 "document.querySelectorAll('img[src=\"x\"], [onerror], [onload]').length"
                 " + Math.max(0, document.scripts.length - 3)"
             )
+            column = ("[...document.querySelectorAll('table.breakdown')[0].tBodies[0].rows]"
+                      ".map(r => Number(r.cells[1].dataset.sort))")
+            header = page.locator("table.breakdown th").nth(1)
+            header.click()
+            check.sorted_once = page.evaluate(column)
+            header.click()
+            check.sorted_twice = page.evaluate(column)
             if hover_marker is not None:
                 check.hover_texts = page.evaluate(_HOVER_JS, hover_marker)
             if screenshot is not None:

@@ -24,9 +24,13 @@ def _assert_clean(check: PageCheck, min_plots: int) -> None:
     assert check.dialogs == []
     assert check.plot_divs >= min_plots
     assert check.rendered_plots == check.plot_divs  # every chart has plotly's .main-svg
+    # The breakdown table sorts by a clicked column, ascending then descending.
+    assert check.sorted_once == sorted(check.sorted_once)
+    assert check.sorted_twice == sorted(check.sorted_once, reverse=True)
 
 
-@pytest.mark.parametrize("name", ["megatron", "sst", "sst4", "resnet18"])
+# resnet18 is loaded in the browser too, inside the hostile report below.
+@pytest.mark.parametrize("name", ["megatron", "sst", "sst4"])
 def test_real_set_renders(name: str, real_report: Callable[[str], Path],
                           browser: Browser) -> None:
     shot = ARTIFACTS / f"report-{name}.png"

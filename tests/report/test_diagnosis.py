@@ -4,7 +4,8 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 - exposed embedding all-to-all: HTA `trace_diff/control` (all-to-all ~18% of the step exposed)
   fires; TorchRec `sst_long_a2a_optimizer` does not, because its exposed all-to-all is all
   waiting for rank 2 (the straggler rule's business, not overlap's).
-- exposed dense collective: Megatron TP8 (all-reduce) fires; `sst_long_a2a_optimizer` has none.
+- exposed dense collective: HTA `cpu_only` (gloo all-reduce, ~85% of the step exposed) fires;
+  `sst_long_a2a_optimizer` has none.
 - straggler: `sst_long_a2a_optimizer` fires naming rank 2; a single-rank trace cannot.
 - small messages: HTA `negative_queue_length_values_check` (tiny all-to-alls at a fraction of
   the large-message bandwidth) fires; Megatron does not: its small all-reduces are slow
@@ -40,6 +41,7 @@ CONTROL = "hta/trace_diff/control"
 NEG_QUEUE = "hta/negative_queue_length_values_check"
 RESNET50_2021 = "kineto_tb_plugin/2021-06/resnet50_num_workers_0"
 H100 = "tracelens/h100"
+CPU_ONLY = "hta/cpu_only"
 
 #: Knob names as the trainer and tuner spell them (docs/team-contracts.md), plus the data
 #: loader's settings.
@@ -73,10 +75,10 @@ def test_exposed_embedding_comm(facts_of: Callable[[str], JobFacts]) -> None:
 
 
 def test_exposed_dense_comm(facts_of: Callable[[str], JobFacts]) -> None:
-    facts = facts_of("megatron")
+    facts = facts_of(CPU_ONLY)
     f = _check(rule_exposed_dense_comm(facts), facts)
     assert "all-reduce" in f.headline
-    assert f.knobs == [] and f.tune_command is None  # no trainer knob moves a TP all-reduce
+    assert f.knobs == [] and f.tune_command is None  # no trainer knob moves a dense all-reduce
     assert rule_exposed_dense_comm(facts_of("sst")) is None
 
 
