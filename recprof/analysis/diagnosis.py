@@ -48,8 +48,10 @@ IDLE_MIN_US = 500.0
 #: `LARGE_MESSAGE_FACTOR` times larger, costing at least `SMALL_MESSAGE_MIN_US` per step.
 SMALL_MESSAGE_MIN_COUNT = 2.0
 SMALL_MESSAGE_BYTES = 1 << 20
-#: A small message slower than this is waiting for a peer, not paying per-message latency
-#: (NCCL moves a sub-MiB message in tens of microseconds), so it is left to the straggler rule.
+#: Where an instance was not matched across ranks (its wait is unknown), a small message slower
+#: than this is taken to be waiting for a peer, not paying per-message latency (NCCL moves a
+#: sub-MiB message in tens of microseconds), and is left to the straggler rule. Matched
+#: instances have their measured wait subtracted instead.
 SMALL_MESSAGE_MAX_US = 1000.0
 SMALL_MESSAGE_BW_RATIO = 0.25
 LARGE_MESSAGE_FACTOR = 8.0
@@ -94,8 +96,9 @@ class RankFacts:
 class CollectiveFacts:
     """One collective kind x process group, as means per rank per step.
 
-    The `small_*` fields describe the instances below `SMALL_MESSAGE_BYTES` that took at most
-    `SMALL_MESSAGE_MAX_US` (from the per-instance samples); `large_message_algbw_gbps` is what
+    The `small_*` fields describe the instances below `SMALL_MESSAGE_BYTES` (from the
+    per-instance samples, timed without their wait for later peers; unmatched ones only if they
+    took at most `SMALL_MESSAGE_MAX_US`); `large_message_algbw_gbps` is what
     the same kind reached in this job on messages at least `LARGE_MESSAGE_FACTOR` times the
     small ones' median (and at least `SMALL_MESSAGE_BYTES`), the reference they fall short of.
     """
@@ -547,11 +550,16 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         ))
     rank_steps = max(sum(max(len(r.steps), 1) for r in job.ranks), 1)
 
-    samples_by_key: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-    by_kind: dict[str, list[tuple[float, float, float]]] = {}
+    # (bytes, algbw GB/s over the transfer time, transfer us, wait known)
+    samples_by_key: dict[tuple[str, str], list[tuple[float, float, float, bool]]] = {}
+    by_kind: dict[str, list[tuple[float, float, float, bool]]] = {}
     for smp in job.collective_samples:
-        if smp.bytes > 0 and smp.algbw_gbps > 0:
-            point = (smp.bytes, smp.algbw_gbps, smp.dur_us)
+        # Time spent waiting for a later peer is skew, not transfer: take it out where the
+        # instance was matched across ranks; unmatched ones keep the duration cap below.
+        transfer_us = smp.dur_us - (smp.wait_us or 0.0)
+        if smp.bytes > 0 and transfer_us > 0:
+            point = (smp.bytes, smp.bytes / transfer_us / 1e3, transfer_us,
+                     smp.wait_us is not None)
             samples_by_key.setdefault((smp.kind, smp.process_group), []).append(point)
             by_kind.setdefault(smp.kind, []).append(point)
 
@@ -561,7 +569,7 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         if c.bytes and c.sized_count:
             bytes_per_step = c.bytes * (c.count / c.sized_count) / rank_steps
         small = [p for p in samples_by_key.get((c.kind, c.process_group), [])
-                 if p[0] < SMALL_MESSAGE_BYTES and p[2] <= SMALL_MESSAGE_MAX_US]
+                 if p[0] < SMALL_MESSAGE_BYTES and (p[3] or p[2] <= SMALL_MESSAGE_MAX_US)]
         small_median = _percentile([p[0] for p in small], 0.5)
         large_bw = None
         if small_median is not None:
