@@ -2,7 +2,7 @@
 
 Two halves, kept apart on purpose:
 
-* `start_hta`/`finish_hta` run HTA's own `get_comm_comp_overlap` and
+* `HtaRun` runs HTA's own `get_comm_comp_overlap` and
   `get_temporal_breakdown` in a child process (this file run as a script). HTA pulls in
   pandas, forks a parser pool per set and reads its options (`HTA_DISABLE_NS_ROUNDING`) from
   the environment once; a child keeps all of that out of the pytest process.
@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,34 +155,31 @@ class Case:
     hta_rounds: bool
 
 
-def discover_cases(root: Path) -> tuple[list[Case], dict[str, RankInput]]:
-    """Every GPU trace under `root`, parsed once. A folder whose GPU files carry distinct
-    ranks is one multi-rank set; every other GPU file is a single-rank case. CPU-only (gloo)
-    and MTIA traces are left out: both HTA analyses are defined over GPU kernels."""
-    folders: dict[Path, list[RankInput]] = {}
+def iter_cases(root: Path) -> Iterator[tuple[Case, list[RankInput]]]:
+    """Every GPU trace under `root`, parsed once, yielded folder by folder so HTA can work on
+    one case while the next is parsed. A folder whose GPU files carry distinct ranks is one
+    multi-rank set; every other GPU file is a single-rank case. CPU-only (gloo) and MTIA
+    traces are left out: both HTA analyses are defined over GPU kernels."""
+    folders: dict[Path, list[Path]] = {}
     for path in sorted(root.rglob("*")):
-        if not path.name.endswith(TRACE_SUFFIXES):
-            continue
-        try:
-            if not _GPU_CATEGORY_BYTES.search(read_bytes(path)):
+        if path.name.endswith(TRACE_SUFFIXES):
+            folders.setdefault(path.parent, []).append(path)
+    for folder, paths in folders.items():
+        members: list[RankInput] = []
+        for path in paths:
+            try:
+                if _GPU_CATEGORY_BYTES.search(read_bytes(path)):
+                    members.append(load_rank_input(path))
+            except TraceFileError:  # unreadable files are test_real_traces.py's business
                 continue
-            rank_input = load_rank_input(path)
-        except TraceFileError:  # unreadable files are test_real_traces.py's business
-            continue
-        folders.setdefault(path.parent, []).append(rank_input)
-    cases: list[Case] = []
-    inputs: dict[str, RankInput] = {}
-    for folder, members in folders.items():
-        inputs.update({m.path: m for m in members})
         ranks = [m.rank for m in members]
         if len(members) > 1 and None not in ranks and len(set(ranks)) == len(members):
-            cases.append(Case(str(folder.relative_to(root)),
-                              {int(m.rank): m.path for m in members},  # type: ignore[arg-type]
-                              any(m.hta_rounds for m in members)))
+            yield Case(str(folder.relative_to(root)),
+                       {int(m.rank): m.path for m in members},  # type: ignore[arg-type]
+                       any(m.hta_rounds for m in members)), members
         else:
-            cases.extend(Case(str(Path(m.path).relative_to(root)), {0: m.path}, m.hta_rounds)
-                         for m in members)
-    return cases, inputs
+            for m in members:
+                yield Case(str(Path(m.path).relative_to(root)), {0: m.path}, m.hta_rounds), [m]
 
 
 # --- HTA itself, in a child process ---------------------------------------------------------
@@ -199,22 +197,30 @@ class HtaRank:
 HtaResult = dict[str, dict[int, HtaRank] | str]
 
 
-def start_hta(cases: list[Case], ns_rounding: bool, workdir: Path) -> subprocess.Popen[str]:
-    """Start HTA on `cases` in a child; `finish_hta` collects the result. Started early so it
-    runs while recprof's side is computed."""
-    env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "0" if ns_rounding else "1"}
-    request = workdir / f"hta_cases_rounding{int(ns_rounding)}.json"
-    request.write_text(json.dumps([dataclasses.asdict(c) for c in cases]))
-    return subprocess.Popen([sys.executable, __file__, str(request)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+class HtaRun:
+    """One HTA child process, fed case by case on stdin while recprof's side is computed;
+    `result` closes its input and collects {label: {rank: HtaRank} or why HTA failed}."""
 
+    def __init__(self, ns_rounding: bool) -> None:
+        env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "0" if ns_rounding else "1"}
+        self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env)
 
-def finish_hta(proc: subprocess.Popen[str], timeout: float = 300) -> HtaResult:
-    """Per case: {rank: HtaRank}, or one line saying why HTA could not analyse it."""
-    out, err = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"HTA child exited {proc.returncode}:\n{err[-3000:]}")
-    return decode_hta(json.loads(out.splitlines()[-1]))
+    def send(self, case: Case) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(dataclasses.asdict(case)) + "\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float = 300) -> HtaResult:
+        out, err = self.proc.communicate(timeout=timeout)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"HTA child exited {self.proc.returncode}:\n{err[-3000:]}")
+        return decode_hta(json.loads(out.splitlines()[-1]))
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.communicate()
 
 
 def decode_hta(raw: dict[str, Any]) -> HtaResult:
@@ -230,7 +236,7 @@ def encode_hta(result: HtaResult) -> dict[str, Any]:
 
 
 def _hta_child() -> None:
-    """Child side of `start_hta`: cases in the JSON file named by argv[1], one JSON line out."""
+    """Child side of `HtaRun`: one case per stdin line; at end of input, one JSON line out."""
     import logging
     import warnings
 
@@ -240,7 +246,8 @@ def _hta_child() -> None:
 
     hta_logger.setLevel(logging.CRITICAL)
     results: dict[str, Any] = {}
-    for case in json.loads(Path(sys.argv[1]).read_text()):
+    while line := sys.stdin.readline():
+        case = json.loads(line)
         files = {int(r): f for r, f in case["files"].items()}
         try:
             analysis = TraceAnalysis(trace_files=files)

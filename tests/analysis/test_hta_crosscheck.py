@@ -8,9 +8,9 @@ as GPU activity, kernel classes, ns rounding), and requires the end of that chai
 HTA itself reports. Each case's chain is printed (`pytest -rP`) and collected in
 test-artifacts/hta_crosscheck.md, so every gap between the two tools has a named cause.
 
-HTA runs in child processes, two at once (default options, and HTA_DISABLE_NS_ROUNDING=1 for
-traces with ns timestamps), while recprof's side is computed; its results are cached in
-pytest's cache, keyed by HTA version and the traces' sizes and mtimes.
+HTA runs in two child processes (default options, and HTA_DISABLE_NS_ROUNDING=1 for traces
+with ns timestamps), fed case by case while recprof parses the next one; its results are
+cached in pytest's cache, keyed by HTA and pandas versions and the traces' sizes and mtimes.
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from hta_reference import (
     Case,
     ChainStep,
     HtaResult,
+    HtaRun,
     RankInput,
     decode_hta,
-    discover_cases,
     encode_hta,
-    finish_hta,
     hta_chain,
+    iter_cases,
     native_numbers,
-    start_hta,
 )
 
 from recprof.analysis import analyze_paths
@@ -139,36 +138,49 @@ def _require_hta() -> None:
                     f"from {HTA_VERSION}")
 
 
-def _fingerprint(cases: list[Case]) -> str:
+def _fingerprint(root: Path) -> str:
     """What HTA's results depend on: its release, pandas' (HTA fails on some traces under
-    pandas 3 only) and the trace files."""
+    pandas 3 only) and every trace file under `root`."""
     pandas = importlib.metadata.version("pandas")
     digest = hashlib.sha256(f"{HTA_DISTRIBUTION} {HTA_VERSION} pandas {pandas}".encode())
-    for case in cases:
-        for rank, f in sorted(case.files.items()):
-            stat = Path(f).stat()
-            digest.update(f"{case.label} {rank} {f} {stat.st_size} {stat.st_mtime_ns}".encode())
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
 @pytest.fixture(scope="session")
-def crosscheck(shared_traces: Path, request: pytest.FixtureRequest,
-               tmp_path_factory: pytest.TempPathFactory) -> Crosscheck:
+def crosscheck(shared_traces: Path, request: pytest.FixtureRequest) -> Crosscheck:
     _require_hta()
-    cases, inputs = discover_cases(shared_traces)
     cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     cache_key = "recprof/hta_crosscheck"
     cached = cache.get(cache_key, {}) if cache is not None else {}
-    fingerprint = _fingerprint(cases)
-    if cached.get("fingerprint") == fingerprint:
-        hta = {mode: decode_hta(cached[mode]) for mode in ("default", "ns-exact")}
-        return _finish(cases, inputs, _chains(cases, inputs), hta)
-    workdir = tmp_path_factory.mktemp("hta")
-    running = {"default": start_hta(cases, True, workdir),
-               "ns-exact": start_hta([c for c in cases if c.hta_rounds], False, workdir)}
-    chains = _chains(cases, inputs)
-    hta = {mode: finish_hta(proc) for mode, proc in running.items()}
-    if cache is not None:
+    fingerprint = _fingerprint(shared_traces)
+    runs: dict[str, HtaRun] = {}
+    if cached.get("fingerprint") != fingerprint:
+        runs = {"default": HtaRun(ns_rounding=True), "ns-exact": HtaRun(ns_rounding=False)}
+    cases: list[Case] = []
+    inputs: dict[str, RankInput] = {}
+    try:
+        for case, members in iter_cases(shared_traces):
+            cases.append(case)
+            inputs.update({m.path: m for m in members})
+            if runs:
+                runs["default"].send(case)
+                if case.hta_rounds:
+                    runs["ns-exact"].send(case)
+        chains = _chains(cases, inputs)
+        if runs:
+            hta = {mode: run.result() for mode, run in runs.items()}
+        else:
+            hta = {mode: decode_hta(cached[mode]) for mode in ("default", "ns-exact")}
+    except BaseException:
+        for run in runs.values():
+            if run.proc.returncode is None:
+                run.kill()
+        raise
+    if runs and cache is not None:
         cache.set(cache_key, {"fingerprint": fingerprint,
                               **{m: encode_hta(r) for m, r in hta.items()}})
     return _finish(cases, inputs, chains, hta)
