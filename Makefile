@@ -13,8 +13,11 @@ setup:
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "chromium not installed: browser tests will skip"; }
 
+# A 2-rank CPU run of the built-in trainer under capture; prints the report's path at the end.
 demo: setup
-	recprof analyze $(SHARED)/traces/torchrec_pr1460/trace/sst_long_a2a_optimizer --json reports/demo-analysis.json
+	rm -rf recprof-runs/demo
+	recprof capture --out recprof-runs/demo -- torchrun --standalone --nproc_per_node 2 \
+		-m recprof.nestpipe --config examples/configs/demo.yaml --out recprof-runs/demo/trainer
 
 test: setup
 	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -ra
