@@ -15,6 +15,15 @@ The modules follow Optuna's own layout, each behind a small interface:
 
 from __future__ import annotations
 
-from tuner.study import TuneOutcome, TuneSettings, run_tuning
+from typing import Any
 
 __all__ = ["TuneOutcome", "TuneSettings", "run_tuning"]
+
+
+def __getattr__(name: str) -> Any:
+    """Export the study API lazily: importing `tuner.command` must not load Optuna."""
+    if name in __all__:
+        from tuner import study
+
+        return getattr(study, name)
+    raise AttributeError(name)

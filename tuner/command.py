@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tuner.recommend import print_summary
-from tuner.study import TuneSettings, default_study_name, run_tuning
 from tuner.trainer import Launch
 
 
@@ -70,6 +68,10 @@ def tune(
     Details: docs/tuner.md.
     """
     console = Console(stderr=True)
+    # Optuna and plotly load here, not at import: every `recprof` command imports this module.
+    from tuner.recommend import print_summary
+    from tuner.study import TuneSettings, default_study_name, run_tuning
+
     name = study or default_study_name(config, Launch(nproc_per_node, nnodes))
     out = out or Path("reports") / f"tune-{name}"
     settings = TuneSettings(
