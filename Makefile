@@ -4,11 +4,11 @@
 PYTHON ?= python3
 SHARED ?= ../shared
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint torchrec
 
 # torch is pinned to the local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
 setup:
-	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[train,dev]'
+	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[train,dev,hta]'
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "chromium not installed: browser tests will skip"; }
@@ -24,3 +24,10 @@ test: setup
 
 lint:
 	ruff check .
+
+# TorchRec for examples/torchrec_dlrm.py and the trainer-vs-TorchRec benchmarks (not needed by
+# the tests). Its metadata asks for the CUDA fbgemm-gpu, so it goes in without dependencies.
+torchrec: setup
+	$(PYTHON) -m pip install -q --no-deps torchrec==1.8.0
+	$(PYTHON) -m pip install -q fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics==1.0.3 tqdm \
+		pyre-extensions iopath

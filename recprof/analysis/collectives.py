@@ -37,9 +37,10 @@ class CollectiveRecords:
     kind: list[str]
     group: list[str]
     nbytes: np.ndarray  # NaN when unknown
-    start: np.ndarray
+    start: np.ndarray  # microseconds from origin_us
     end: np.ndarray
     exposed_by_key: dict[tuple[str, str], float]
+    origin_us: float = 0.0  # the rank trace's origin: aligns ranks without losing precision
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -82,7 +83,8 @@ def collective_records(trace: RankTrace, unions: ClassUnions,
         exposed[key] = union.subtract(unions.compute).total()
     return CollectiveRecords(step=numbers, kind=kinds, group=groups,
                              nbytes=acts.coll_bytes[idx], start=acts.start[idx],
-                             end=acts.end[idx], exposed_by_key=exposed)
+                             end=acts.end[idx], exposed_by_key=exposed,
+                             origin_us=trace.header.origin_us)
 
 
 def _gbps(nbytes: float, dur_us: float) -> float:

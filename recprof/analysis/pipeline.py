@@ -88,7 +88,19 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
         if keep_timeline else None,
         warnings=trace.warnings + warnings,
     )
+    _shift_to_absolute(analysis, trace.header.origin_us)
     return RankOutcome(trace.header, analysis, collective_records(trace, unions, windows))
+
+
+def _shift_to_absolute(analysis: RankAnalysis, origin_us: float) -> None:
+    """Analyses run on times relative to the trace's origin, exact in float64; the results
+    report absolute times, where ranks of one job line up."""
+    for step in [*analysis.steps, analysis.totals]:
+        step.start_us += origin_us
+    for gap in analysis.idle_gaps.largest:
+        gap.start_us += origin_us
+    if analysis.timeline is not None:
+        analysis.timeline.start_us += origin_us
 
 
 def _analyze_one(args: tuple[Path, frozenset[int] | None]) -> RankOutcome | str:

@@ -38,11 +38,15 @@ def analyze_skew(
     waits: dict[CallKey, dict[int, float]] = {}
     if len(ranks) < 2:
         return skew, waits
+    # Arrivals on one clock: each rank's origin offset from the earliest (small, exact) plus
+    # its relative start, never absolute epoch microseconds (float64 resolves 0.25 us there).
+    job_origin = min(records_by_rank[rank].origin_us for rank in ranks)
     arrivals: dict[CallKey, dict[int, float]] = defaultdict(dict)
     for rank in ranks:
         records = records_by_rank[rank]
+        offset = records.origin_us - job_origin
         for i, key in enumerate(records.call_keys()):
-            arrivals[key][rank] = float(records.start[i])
+            arrivals[key][rank] = offset + float(records.start[i])
     matched: list[MatchedCollective] = []
     for key in sorted(arrivals):
         present = arrivals[key]

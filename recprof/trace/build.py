@@ -2,7 +2,7 @@
 
 This is the only module that knows event categories, argument spellings and the quirks of
 each trace generation (see ../shared/docs/field-notes.md); everything downstream sees
-`ActivityClass`, absolute microseconds and canonical collective kinds.
+`ActivityClass`, microseconds from the file's origin and canonical collective kinds.
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def _copy_class(name: str, args: dict[str, Any]) -> ActivityClass:
     return ActivityClass.OTHER
 
 
-def _header(raw: RawTrace, start_us: float, device_kind: DeviceKind) -> TraceHeader:
+def _header(raw: RawTrace, origin_us: float, first_ts: float,
+            device_kind: DeviceKind) -> TraceHeader:
     meta = raw.meta
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     groups: dict[str, list[int]] = {}
@@ -102,7 +103,8 @@ def _header(raw: RawTrace, start_us: float, device_kind: DeviceKind) -> TraceHea
         rank=rank if isinstance(rank, int) else None,
         world_size=world if isinstance(world, int) else None,
         backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
-        start_us=start_us,
+        start_us=origin_us + first_ts,
+        origin_us=origin_us,
         device_kind=device_kind,
         device_names=names,
         host=meta.get("host_name") if isinstance(meta.get("host_name"), str) else None,
@@ -143,7 +145,9 @@ def _marker_at(markers: list[_Marker], starts: np.ndarray, t: float) -> _Marker 
 
 def build_rank_trace(raw: RawTrace) -> RankTrace:
     """Turn one parsed file into a `RankTrace`; raise `TraceFileError` if nothing is usable."""
-    base = _base_us(raw.meta)
+    # Times stay relative to the file's own origin (`baseTimeNanoseconds`): added to it they
+    # would be ~1.8e15 us, where float64 resolves only 0.25 us and sub-us kernels blur.
+    origin = _base_us(raw.meta)
     warnings: list[str] = []
     missing_time = negative = 0
     steps: list[Step] = []
@@ -165,7 +169,7 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
         if dur < 0:
             negative += 1
             continue
-        ts = float(ts) + base
+        ts = float(ts)
         first_ts = min(first_ts, ts)
         cat = str(ev.get("cat") or "").lower()
         name = str(ev.get("name") or "")
@@ -205,7 +209,7 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
         warnings.append(f"{raw.path}: skipped {negative} events with negative 'dur'")
 
     device_kind = _device_kind(raw, has_gpu, has_mtia)
-    header = _header(raw, first_ts, device_kind)
+    header = _header(raw, origin, first_ts, device_kind)
     names, lanes = _Interner(), _Interner()
 
     main_tid = step_tids.most_common(1)[0][0] if step_tids else None
@@ -227,7 +231,7 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
         rows = _cpu_rows(host_ops, gloo_ops, main_tid, names, lanes)
     else:
         for ev in device_events:
-            rows.append(_device_row(ev, base, launches, markers, marker_starts, names, lanes))
+            rows.append(_device_row(ev, launches, markers, marker_starts, names, lanes))
 
     if not rows:
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
@@ -269,7 +273,6 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
 
 def _device_row(
     ev: dict[str, Any],
-    base: float,
     launches: dict[int, tuple[float, Any, Any]],
     markers: dict[tuple[Any, Any], list[_Marker]],
     marker_starts: dict[tuple[Any, Any], np.ndarray],
@@ -279,7 +282,7 @@ def _device_row(
     cat = str(ev.get("cat") or "").lower()
     name = str(ev.get("name") or "")
     args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-    start = float(ev["ts"]) + base
+    start = float(ev["ts"])
     end = start + float(ev["dur"])
     stream = args.get("stream", ev.get("tid"))
     lane = lanes(f"device {ev.get('pid')} stream {stream}")

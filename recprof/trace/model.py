@@ -39,16 +39,18 @@ class TraceHeader:
     rank: int | None
     world_size: int | None
     backend: str | None
-    start_us: float
+    start_us: float  # absolute (origin + first event), for grouping files into jobs
     device_kind: DeviceKind
     device_names: list[str]
     host: str | None = None
     process_groups: dict[str, list[int]] = field(default_factory=dict)
+    # Every time in a RankTrace is relative to this absolute origin (microseconds); see build.
+    origin_us: float = 0.0
 
 
 @dataclass
 class Activities:
-    """Device activity as parallel columns, sorted by start (absolute microseconds).
+    """Device activity as parallel columns, sorted by start (microseconds from the origin).
 
     On CPU-only runs the "device" is the main thread (leaf ops = compute) plus the gloo
     runloop threads (communication).
@@ -59,7 +61,7 @@ class Activities:
     klass: np.ndarray  # ActivityClass values, int8
     lane: np.ndarray  # index into RankTrace.lanes
     name: np.ndarray  # index into RankTrace.names
-    launch: np.ndarray  # host launch time (absolute us) or NaN when unknown
+    launch: np.ndarray  # host launch time or NaN when unknown
     # index into vocabulary.COLLECTIVE_KINDS; -1 where the activity is not a collective
     # instance (non-comm work, or a gloo collective's enqueue on the main thread)
     coll_kind: np.ndarray

@@ -103,8 +103,6 @@ def load_rank_input(path: Path) -> RankInput:
     event is kept iff it starts before the last ProfilerStep row among the non-GPU events.
     """
     raw = read_trace(path)
-    base = raw.meta.get("baseTimeNanoseconds")
-    base_us = float(base) / 1000.0 if isinstance(base, (int, float)) else 0.0
     extras: list[tuple[float, float, str, bool, int | None]] = []
     host_corr_start: dict[int, float] = {}
     step_starts: list[float] = []
@@ -122,7 +120,7 @@ def load_rank_input(path: Path) -> RankInput:
         name = str(ev.get("name") or "")
         args = ev.get("args")
         stream, corr = _int_arg(args, "stream"), _int_arg(args, "correlation")
-        start = float(ts) + base_us
+        start = float(ts)  # relative to the file's origin, like recprof's RankTrace
         gpu_set = (stream is not None and stream >= 0 and corr is not None and corr >= 0) or (
             name in HTA_SYNC_NAMES)
         if not gpu_set:

@@ -98,19 +98,8 @@ NS_TIMESTAMPS = (
     "tracelens/torch_compile_triton/trace.json.gz",
 )
 
-QUANTIZED = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "recprof bug: recprof/trace/build.py stores absolute times as baseTimeNanoseconds/1000 + ts "
-    "in float64 (~1.8e15 us), which quantizes every timestamp to 0.25 us; HTA's ceil/floor "
-    "rounding of these short kernels then lands on different whole microseconds. The same chain "
-    "on the exact times gives HTA's numbers (mi210 20.05%, vLLM 4.26%); without HTA's rounding "
-    "(the ns-exact case) recprof is within 0.25 pp."))
-XFAIL_DEFAULT = {
-    "tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz": QUANTIZED,
-    "tracelens/inference/vllm_decode_full/graph_execution.json.gz": QUANTIZED,
-}
-
 CASE_PARAMS = [
-    pytest.param(label, "default", id=f"{label}-default", marks=XFAIL_DEFAULT.get(label, ()))
+    pytest.param(label, "default", id=f"{label}-default")
     for label in MULTI_RANK_SETS + SINGLE_RANK_GPU
 ] + [pytest.param(label, "ns-exact", id=f"{label}-ns-exact") for label in NS_TIMESTAMPS]
 

@@ -17,24 +17,14 @@ JOB_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def capture_cmd(
-    out: Path, window: tuple[int, int, int], *job: str, report: bool = False
+    out: Path, window: tuple[int, int, int] | None, *job: str, report: bool = False
 ) -> list[str]:
-    """The `recprof capture` command line for `job` with window (wait, warmup, active)."""
-    wait, warmup, active = window
-    cmd = [
-        sys.executable,
-        "-m",
-        "recprof",
-        "capture",
-        "--out",
-        str(out),
-        "--wait",
-        str(wait),
-        "--warmup",
-        str(warmup),
-        "--active",
-        str(active),
-    ]
+    """The `recprof capture` command line for `job` with window (wait, warmup, active), or
+    capture's default window when `window` is None."""
+    cmd = [sys.executable, "-m", "recprof", "capture", "--out", str(out)]
+    if window is not None:
+        wait, warmup, active = window
+        cmd += ["--wait", str(wait), "--warmup", str(warmup), "--active", str(active)]
     if not report:
         cmd.append("--no-report")
     return [*cmd, "--", *job]

@@ -174,19 +174,7 @@ def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) ->
 def test_job_that_exits_before_the_window(tmp_path: Path) -> None:
     """Default window (steps 7-11) on a 3-step job: no trace, the manifest says why."""
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "recprof",
-        "capture",
-        "--out",
-        str(out),
-        "--",
-        sys.executable,
-        str(TINY_JOB),
-        "--steps",
-        "3",
-    ]
+    cmd = capture_cmd(out, None, sys.executable, str(TINY_JOB), "--steps", "3", report=True)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=240, env=JOB_ENV, cwd=REPO_ROOT
     )

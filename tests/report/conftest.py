@@ -6,9 +6,6 @@ set stays well under a minute of CPU on the shared 2-core machines.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,8 +13,6 @@ import pytest
 
 from recprof.analysis import AnalysisResult, analyze_paths
 from recprof.report import write_report
-
-HERE = Path(__file__).resolve().parent
 
 #: The real multi-rank sets the report must handle (folder under ../shared/traces).
 REAL_SETS = {
@@ -42,23 +37,6 @@ def analysis_of(shared_traces: Path) -> Callable[[str], AnalysisResult]:
 
 
 @pytest.fixture(scope="session")
-def gloo_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real 2-rank CPU gloo trace made by running `gloo_job.py` under torchrun."""
-    pytest.importorskip("torch", reason="torch not installed: cannot run the gloo job")
-    out = tmp_path_factory.mktemp("gloo") / "gloo_2rank"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(HERE / "gloo_job.py"), str(out)],
-        capture_output=True, text=True, timeout=180, env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["rank0.pt.trace.json",
-                                                      "rank1.pt.trace.json"]
-    return out
-
-
-@pytest.fixture(scope="session")
 def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("reports")
 
@@ -78,12 +56,12 @@ def real_report(analysis_of: Callable[[str], AnalysisResult],
 
 
 @pytest.fixture(scope="session")
-def gloo_report(gloo_trace: Path, report_dir: Path) -> Path:
-    return write_report(analyze_paths([gloo_trace]), report_dir / "gloo.html")
+def gloo_report(gloo_trace_dir: Path, report_dir: Path) -> Path:
+    return write_report(analyze_paths([gloo_trace_dir]), report_dir / "gloo.html")
 
 
 @pytest.fixture(scope="session")
-def hostile_report(shared_traces: Path, gloo_trace: Path, report_dir: Path,
+def hostile_report(shared_traces: Path, gloo_trace_dir: Path, report_dir: Path,
                    tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One report over hostile copies of three real sets: a single-rank NCCL trace with
     process-group names, the 2-rank TorchRec set and the 2-rank gloo trace."""
@@ -92,7 +70,7 @@ def hostile_report(shared_traces: Path, gloo_trace: Path, report_dir: Path,
     work = tmp_path_factory.mktemp("hostile")
     sources = [make_hostile_copy(shared_traces / "hta/nccl_parser_config", work / "nccl"),
                make_hostile_copy(shared_traces / REAL_SETS["resnet18"], work / "resnet18"),
-               make_hostile_copy(gloo_trace, work / "gloo")]
+               make_hostile_copy(gloo_trace_dir, work / "gloo")]
     return write_report(analyze_paths(sources), report_dir / "hostile.html")
 
 
