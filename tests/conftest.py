@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_TRACES = Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared")) / "traces"
+# Resolved: tools under test (HTA among them) may run from another working directory.
+SHARED_TRACES = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared"))
+                 / "traces").resolve()
 
 
 @pytest.fixture(scope="session")
