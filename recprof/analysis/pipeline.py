@@ -32,7 +32,8 @@ from recprof.trace.reader import TraceFileError, is_trace_file
 
 # Ranks whose timeline is kept (plus the straggler's); a report cannot show a thousand lanes.
 TIMELINE_RANKS = 16
-PARALLEL_FROM_FILES = 4
+# A process pool costs ~0.1 s to start and ship results back; below this much trace it loses.
+PARALLEL_FROM_BYTES = 24 << 20
 
 Progress = Callable[[int, int, str], None]
 
@@ -123,7 +124,8 @@ def analyze_paths(paths: Sequence[Path], steps: set[int] | None = None,
     errors: list[str] = []
     jobs_args = [(f, frozen) for f in files]
     n_workers = workers or min(os.cpu_count() or 1, len(files))
-    if len(files) >= PARALLEL_FROM_FILES and n_workers > 1:
+    total_bytes = sum(f.stat().st_size for f in files)
+    if n_workers > 1 and len(files) > 1 and (workers or total_bytes >= PARALLEL_FROM_BYTES):
         with ProcessPoolExecutor(max_workers=n_workers) as pool:
             results = pool.map(_analyze_one, jobs_args, chunksize=4)
             _collect(results, files, outcomes, errors, progress)
