@@ -2,8 +2,8 @@
 `TraceFileError` that names the file.
 
 Kineto files come as `.json` or `.json.gz`, wrapped (`{"traceEvents": [...]}`) or, in 2021
-generations, as a bare array. orjson parses them about 5x faster than the standard library,
-which matters when a job has a thousand ranks.
+generations, as a bare array. orjson parses them faster than the standard library (57 vs 70 ms
+on a 3.9 MB Megatron rank file here) and writes the analysis document with integer keys.
 """
 
 from __future__ import annotations
