@@ -1,5 +1,7 @@
 """Read every Kineto trace generation into one columnar model (`RankTrace`)."""
 
+from pathlib import Path
+
 from recprof.trace.build import build_rank_trace
 from recprof.trace.model import Activities, ActivityClass, DeviceKind, RankTrace, Step
 from recprof.trace.reader import RawTrace, TraceFileError, read_trace
@@ -18,8 +20,6 @@ __all__ = [
 ]
 
 
-def load_rank_trace(path: "str | __import__('pathlib').Path") -> RankTrace:
+def load_rank_trace(path: str | Path) -> RankTrace:
     """Read and normalise one trace file."""
-    from pathlib import Path
-
     return build_rank_trace(read_trace(Path(path)))
