@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from optuna.trial import TrialState
-from tuner_helpers import load, write_yaml
+from tuner_helpers import load, study_created, write_yaml
 
 from tuner.study import TuneSettings
 
@@ -65,7 +65,7 @@ def test_real_study_with_failure_interrupt_and_resume(tmp_path: Path) -> None:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
 
     def third_trial_training() -> bool:
-        if not (out / "study.db").exists():
+        if not study_created(out / "study.db"):
             return False
         try:
             trials = load(settings, "tiny-1x2").get_trials()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
-from tuner_helpers import BASE_CONFIG, FAKE_LAUNCHER, load, write_yaml
+from tuner_helpers import BASE_CONFIG, FAKE_LAUNCHER, load, study_created, write_yaml
 
 from tuner.study import TuneSettings
 
@@ -41,7 +41,7 @@ def test_ctrl_c_then_rerun_continues_without_losing_anything(tmp_path: Path) -> 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def second_trial_running() -> bool:
-        if not (out / "study.db").exists():
+        if not study_created(out / "study.db"):
             return False
         try:
             trials = load(settings, "base-1x2").get_trials()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
+import sqlite3
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,19 @@ def load(settings: TuneSettings, name: str) -> optuna.Study:
 
         storage = JournalStorage(JournalFileBackend(storage.removeprefix("journal:")))
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def study_created(db: Path) -> bool:
+    """Whether the tuner's SQLite storage holds its schema version and a study (read-only).
+
+    Open a running tuner's study only after this: two processes that initialise one SQLite
+    schema at once collide on alembic's version row."""
+    if not db.exists():
+        return False
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            version = conn.execute("SELECT count(*) FROM alembic_version").fetchone()[0]
+            studies = conn.execute("SELECT count(*) FROM studies").fetchone()[0]
+    except sqlite3.Error:  # tables not there yet, or the tuner holds a write lock
+        return False
+    return version > 0 and studies > 0
