@@ -63,10 +63,17 @@ def assign_ranks(headers: list[TraceHeader], job: list[int]) -> tuple[dict[int, 
     return ranks, warnings
 
 
+# Folder names that say nothing about the job (a capture run keeps its traces in `traces/`).
+_GENERIC_FOLDERS = {"traces", "trace", "logs", "log", "profiles", "profile"}
+
+
 def job_id(paths: list[str], taken: set[str]) -> str:
-    """A readable id: the folder the job's files share, made unique among the jobs."""
-    common = os.path.commonpath([str(Path(p).parent) for p in paths]) if paths else "job"
-    base = Path(common).name or "job"
+    """A readable id: the folder the job's files share (its parent's name where that folder is
+    a generic `traces/`), made unique among the jobs."""
+    common = Path(os.path.commonpath([str(Path(p).parent) for p in paths]) if paths else "job")
+    if common.name in _GENERIC_FOLDERS and common.parent.name:
+        common = common.parent
+    base = common.name or "job"
     candidate, n = base, 2
     while candidate in taken:
         candidate, n = f"{base}#{n}", n + 1

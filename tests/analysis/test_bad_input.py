@@ -156,3 +156,12 @@ def test_gzip_and_plain_json_give_the_same_numbers(tmp_path: Path, shared_traces
     plain = analyze_paths([source]).jobs[0].ranks[0].totals
     gz = analyze_paths([packed]).jobs[0].ranks[0].totals
     assert plain == gz
+
+
+def test_job_ids_name_the_run_not_a_generic_traces_folder() -> None:
+    from recprof.analysis.jobs import job_id
+
+    taken: set[str] = set()
+    assert job_id(["/runs/demo/traces/rank0.pt.trace.json"], taken) == "demo"
+    assert job_id(["/runs/demo/traces/rank1.pt.trace.json"], taken) == "demo#2"
+    assert job_id(["/x/sst/a.json", "/x/sst/b.json"], taken) == "sst"
