@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from recprof.analysis import idle
+
 if TYPE_CHECKING:
     from recprof.analysis.model import JobAnalysis
 
@@ -507,22 +509,19 @@ def diagnose(job: JobAnalysis) -> list[Finding]:
     return diagnose_facts(job_facts(job))
 
 
-def idle_cause_group(cause: str) -> str:
-    """Map the analyzer's idle-gap cause label onto the groups the rules act on.
+_CAUSE_GROUP = {
+    idle.DATA_LOADING: "data_loading",
+    idle.HOST_BOUND_LAUNCH: "host_bound_launch",
+    idle.HOST_OVERHEAD: "host_bound_launch",
+    idle.COLLECTIVE_WAIT: "collective",
+    idle.COPY_WAIT: "copy",
+}
 
-    Matched by keyword so a reworded label ("waiting for data loading") still lands in the
-    right group; anything unrecognised is "other" and feeds no rule.
-    """
-    text = cause.lower()
-    if "data" in text or "loader" in text:
-        return "data_loading"
-    if "launch" in text or "host" in text:
-        return "host_bound_launch"
-    if "collective" in text or "comm" in text:
-        return "collective"
-    if "copy" in text or "memcpy" in text:
-        return "copy"
-    return "other"
+
+def idle_cause_group(cause: str) -> str:
+    """Map the analyzer's idle-gap cause label onto the groups the rules act on; anything else
+    (unattributed) is "other" and feeds no rule."""
+    return _CAUSE_GROUP.get(cause, "other")
 
 
 def _percentile(values: list[float], q: float) -> float | None:

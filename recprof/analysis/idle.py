@@ -22,8 +22,13 @@ from recprof.trace.model import ActivityClass, DeviceKind, HostSpans, RankTrace
 LARGEST_GAPS_KEPT = 20
 COVER_FRACTION = 0.5  # a host span explains a gap when it covers at least half of it
 
-CAUSES = ("data loading", "waiting on a collective", "waiting on a copy", "host-bound launch",
-          "host overhead", "unattributed")
+# The cause labels, shared with the diagnosis rules (recprof/analysis/diagnosis.py).
+DATA_LOADING = "data loading"
+COLLECTIVE_WAIT = "waiting on a collective"
+COPY_WAIT = "waiting on a copy"
+HOST_BOUND_LAUNCH = "host-bound launch"
+HOST_OVERHEAD = "host overhead"
+UNATTRIBUTED = "unattributed"
 
 
 def _covered(spans: HostSpans, start: float, end: float) -> tuple[float, int]:
@@ -49,36 +54,36 @@ class _GapExplainer:
         names = self.trace.names
         covered, idx = _covered(self.trace.data_loading, start, end)
         if covered >= COVER_FRACTION * length:
-            return "data loading", names[self.trace.data_loading.name[idx]]
+            return DATA_LOADING, names[self.trace.data_loading.name[idx]]
         covered, idx = _covered(self.trace.comm_waits, start, end)
         if covered >= COVER_FRACTION * length:
-            return "waiting on a collective", names[self.trace.comm_waits.name[idx]]
+            return COLLECTIVE_WAIT, names[self.trace.comm_waits.name[idx]]
         if self.cpu_run:
             return self._explain_cpu(start, end)
         nxt = int(np.searchsorted(self.acts.start, end - 1e-9, side="left"))
         if nxt >= len(self.acts):
-            return "unattributed", "no device work follows"
+            return UNATTRIBUTED, "no device work follows"
         klass = int(self.acts.klass[nxt])
         following = names[self.acts.name[nxt]]
         launch = float(self.acts.launch[nxt])
         if not np.isnan(launch) and launch > start:
             # The host issued the next work only during the gap: the device waited for it.
-            return "host-bound launch", following
+            return HOST_BOUND_LAUNCH, following
         # The next work was queued before the gap yet did not run: it waited on a dependency.
         if klass == ActivityClass.COMM:
-            return "waiting on a collective", following
+            return COLLECTIVE_WAIT, following
         if klass in (ActivityClass.COPY_H2D, ActivityClass.COPY_D2H, ActivityClass.COPY_D2D):
-            return "waiting on a copy", following
-        return "unattributed", following
+            return COPY_WAIT, following
+        return UNATTRIBUTED, following
 
     def _explain_cpu(self, start: float, end: float) -> tuple[str, str]:
         ops = self.trace.main_thread_ops
         mid = (start + end) / 2
         inside = np.flatnonzero((ops.start <= mid) & (ops.end >= mid))
         if inside.size == 0:
-            return "unattributed", "no profiled op on the main thread"
+            return UNATTRIBUTED, "no profiled op on the main thread"
         innermost = inside[np.argmax(ops.start[inside])]
-        return "host overhead", self.trace.names[ops.name[innermost]]
+        return HOST_OVERHEAD, self.trace.names[ops.name[innermost]]
 
 
 def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> IdleGapSummary:
@@ -108,7 +113,7 @@ def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> I
         if rank_in_size < budget:
             cause, detail = explainer.explain(float(gap_start[g]), float(gap_end[g]))
         else:
-            cause, detail = "unattributed", ""
+            cause, detail = UNATTRIBUTED, ""
         by_cause[cause] = by_cause.get(cause, 0.0) + dur
         if rank_in_size < LARGEST_GAPS_KEPT:
             largest.append(IdleGap(float(gap_start[g]), dur, windows[owner[g]].number, cause,

@@ -50,15 +50,6 @@ class StepMetrics:
     exposed_other: float = 0.0
     idle: float = 0.0
 
-    def ratio(self, metric: str) -> float:
-        """Fraction of the step spent in `metric` (0 for an empty step)."""
-        return getattr(self, metric) / self.step if self.step > 0 else 0.0
-
-    @property
-    def exposed_comm_ratio(self) -> float:
-        """Exposed communication over all communication (the number pipelining drives down)."""
-        return self.exposed_comm / self.comm if self.comm > 0 else 0.0
-
 
 @dataclass
 class IdleGap:
@@ -212,14 +203,6 @@ class JobAnalysis:
     skew: SkewAnalysis
     steps_analysed: list[int]
     warnings: list[str] = field(default_factory=list)
-
-    def mean_step(self) -> StepMetrics:
-        """Per-step averages over every rank and step: the job's typical step."""
-        total = StepMetrics(number=None, start_us=0.0)
-        steps = [s for r in self.ranks for s in r.steps]
-        for metric in METRICS:
-            setattr(total, metric, sum(getattr(s, metric) for s in steps) / max(len(steps), 1))
-        return total
 
 
 @dataclass

@@ -8,6 +8,7 @@ in `summary.json`. Every problem is a `RecprofError` whose message starts with t
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,6 @@ from typing import Any
 import yaml
 
 from recprof.errors import RecprofError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10 has no tomllib: YAML configs only there
-    tomllib = None
 
 QCOMMS_CHOICES = ("fp32", "bf16", "fp16", "fp8")
 SHARDING_CHOICES = ("row", "table")
@@ -133,8 +129,6 @@ def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RecprofError(f"config: no such file {path}")
     text = path.read_text()
-    if path.suffix == ".toml" and tomllib is None:
-        raise RecprofError(f"config: {path}: TOML configs need Python 3.11+, use YAML")
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, ValueError) as exc:  # TOMLDecodeError is a ValueError
