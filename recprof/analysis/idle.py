@@ -35,12 +35,13 @@ def _covered(spans: HostSpans, start: float, end: float) -> tuple[float, int]:
     """How much of [start, end) the spans cover, and the index of the longest overlapping one."""
     if spans.start.size == 0:
         return 0.0, -1
-    overlap = np.minimum(spans.end, end) - np.maximum(spans.start, start)
+    lo, hi = np.maximum(spans.start, start), np.minimum(spans.end, end)
+    overlap = hi - lo
     best = int(np.argmax(overlap))
     if overlap[best] <= 0:
         return 0.0, -1
-    union = IntervalSet.of(np.maximum(spans.start, start), np.minimum(spans.end, end))
-    return union.total(), best
+    touching = overlap > 0
+    return IntervalSet.of(lo[touching], hi[touching]).total(), best
 
 
 class _GapExplainer:
