@@ -126,6 +126,9 @@ class EmulatedCluster:
         `wrapper[i]` is put in front of node i's torchrun (for example `recprof capture
         --out DIR --`). Returns each node's completed process (stdout/stderr captured).
         """
+        # The ranks share this machine's cores; without a cap each would start one intra-op
+        # thread per core and they would all contend (torchrun only caps it when nproc > 1).
+        threads = max(1, (os.cpu_count() or 1) // (len(self.nodes) * nproc_per_node))
         procs = []
         for rank, node in enumerate(self.nodes):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(self.nodes)),
@@ -133,7 +136,8 @@ class EmulatedCluster:
                    "--master-addr", self.nodes[0].address, "--master-port", str(port), *target]
             if wrapper is not None:
                 cmd = [*wrapper[rank], *cmd]
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": node.ifname}
+            env = {"OMP_NUM_THREADS": str(threads), **os.environ,
+                   "GLOO_SOCKET_IFNAME": node.ifname}
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", node.namespace, *cmd], env=env, cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,

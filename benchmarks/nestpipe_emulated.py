@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from emulated_cluster import REPO, EmulatedCluster  # benchmarks/ is on sys.path when run
 
 
@@ -70,6 +71,24 @@ def _run(
             sys.exit(f"{run_dir.name}: node {i} exited {res.returncode}\n{res.stderr[-3000:]}")
 
 
+def _micro_batches(knobs: list[str]) -> int:
+    return int(next((k.split("=")[1] for k in knobs if k.startswith("micro_batches=")), 1))
+
+
+def _warmup_steps(config: Path, overrides: list[str]) -> int:
+    """The run's warm-up steps: the last --set wins over the config file."""
+    values = yaml.safe_load(config.read_text()) or {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() == "warmup_steps":
+            values["warmup_steps"] = int(value)
+    return int(values.get("warmup_steps", 10))
+
+
+def _ratio(value: float, reference: float | None) -> str:
+    return f"{value / reference:.2f}x" if reference else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="50mbit", help="tbf rate of the inter-node link")
@@ -77,6 +96,9 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--keep", type=Path, help="keep run folders (traces, summaries) here")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="run only the schedules whose label contains TEXT (repeatable); "
+                        "the TorchRec rows are labelled 'TorchRec ...'")
     args = parser.parse_args()
     reason = EmulatedCluster.available()
     if reason is not None:
@@ -95,28 +117,28 @@ def main() -> None:
         (f"HSP M={nodes}", [f"hsp_groups={nodes}"]),
         (f"HSP M={nodes} + DBP + FWP N=4", [f"hsp_groups={nodes}", "dbp=true", *fwp4]),
     ]
-    wait = 10  # capture after the trainer's warm-up (comm_bound.yaml: 8 steps)
+    jobs = [(label, 29600 + i, ["-m", "recprof.nestpipe", *base,
+                                *[x for k in knobs for x in ("--set", k)]], _micro_batches(knobs))
+            for i, (label, knobs) in enumerate(variants)]
+    jobs += [("TorchRec " + ("TrainPipelineSparseDist" if pipeline != "none" else "plain"),
+              29650 + i, [str(REPO / "examples/torchrec_dlrm.py"), *base, "--pipeline", pipeline],
+              1) for i, pipeline in enumerate(("none", "sparse_dist"))]
+    jobs = [job for job in jobs if not args.only or any(text in job[0] for text in args.only)]
+    wait = _warmup_steps(args.config, args.overrides) + 2  # capture after the warm-up
     rows: list[Row] = []
     root = args.keep or Path(tempfile.mkdtemp(prefix="nestpipe_emulated_"))
     with EmulatedCluster(rate=args.rate) as cluster:
-        for i, (label, knobs) in enumerate(variants):
-            run_dir = root / f"nestpipe{i}"
-            target = ["-m", "recprof.nestpipe", *base,
-                      *[x for k in knobs for x in ("--set", k)], "--out", str(run_dir / "out")]
-            _run(cluster, args.nproc_per_node, run_dir, target, 29600 + i, wait)
+        for i, (label, port, target, micro_batches) in enumerate(jobs):
+            run_dir = root / f"run{i}"
+            _run(cluster, args.nproc_per_node, run_dir, [*target, "--out", str(run_dir / "out")],
+                 port, wait)
             summary = json.loads((run_dir / "out/summary.json").read_text())
-            n = int(next((k.split("=")[1] for k in knobs if k.startswith("micro_batches")), 1))
-            rows.append(Row(label, n, summary["throughput_samples_per_s"], *_analyze(run_dir)))
-        for i, pipeline in enumerate(("none", "sparse_dist")):
-            run_dir = root / f"torchrec_{pipeline}"
-            target = [str(REPO / "examples/torchrec_dlrm.py"), *base, "--pipeline", pipeline,
-                      "--out", str(run_dir / "out")]
-            _run(cluster, args.nproc_per_node, run_dir, target, 29650 + i, wait)
-            summary = json.loads((run_dir / "out/summary.json").read_text())
-            label = "TorchRec " + ("TrainPipelineSparseDist" if pipeline != "none" else "plain")
-            rows.append(Row(label, 1, summary["throughput_samples_per_s"], *_analyze(run_dir)))
+            rows.append(Row(label, micro_batches, summary["throughput_samples_per_s"],
+                            *_analyze(run_dir)))
+            print(f"  {label}: {rows[-1].throughput:,.0f} samples/s", file=sys.stderr)
         leftovers = cluster.leftovers
-    sync, trpipe = rows[0].throughput, rows[-1].throughput
+    by_label = {r.label: r.throughput for r in rows}
+    sync, trpipe = by_label.get("sync baseline"), by_label.get("TorchRec TrainPipelineSparseDist")
     print(f"emulated cluster: {nodes} nodes x {args.nproc_per_node} ranks, inter-node link tbf "
           f"{args.rate}; config {args.config.name} {' '.join(args.overrides)}")
     head = (f"{'schedule':<30}{'samples/s':>10}{'vs sync':>9}{'vs TR pipe':>11}{'exposed':>9}"
@@ -124,9 +146,10 @@ def main() -> None:
     print(head)
     for r in rows:
         bound = max(r.compute_ms, r.comm_ms)
-        print(f"{r.label:<30}{r.throughput:>10.0f}{r.throughput / sync:>8.2f}x"
-              f"{r.throughput / trpipe:>10.2f}x{r.exposed_ratio:>9.2f}{1 / r.micro_batches:>6.2f}"
-              f"{r.step_ms:>9.1f}{r.compute_ms:>9.1f}{r.comm_ms:>8.1f}{r.step_ms / bound:>10.2f}x")
+        print(f"{r.label:<30}{r.throughput:>10.0f}{_ratio(r.throughput, sync):>9}"
+              f"{_ratio(r.throughput, trpipe):>11}{r.exposed_ratio:>9.2f}"
+              f"{1 / r.micro_batches:>6.2f}{r.step_ms:>9.1f}{r.compute_ms:>9.1f}{r.comm_ms:>8.1f}"
+              f"{r.step_ms / bound:>10.2f}x")
     print("exposed = exposed comm / comm (recprof analyze, all ranks); bound = max(compute, comm)"
           " per step")
     print(f"namespaces left behind: {leftovers() or 'none'}; run folders: {root}")
