@@ -22,6 +22,7 @@ SHARDING_CHOICES = ("row", "table")
 BACKEND_CHOICES = ("auto", "gloo", "nccl")
 DATA_CHOICES = ("synthetic", "tsv")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
+MAX_MICRO_BATCHES = 128  # routed keys carry a micro-batch index in 7 bits (embedding.py)
 
 
 @dataclass
@@ -212,3 +213,5 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     local = cfg.batch_size // world_size
     _require(cfg.micro_batches <= local, "micro_batches",
              f"must be <= the per-rank batch ({local}), got {cfg.micro_batches}")
+    _require(cfg.micro_batches <= MAX_MICRO_BATCHES, "micro_batches",
+             f"must be <= {MAX_MICRO_BATCHES}, got {cfg.micro_batches}")

@@ -1,49 +1,83 @@
 """Model-parallel embedding tables over plain torch.distributed.
 
-One step of the sparse half, each piece a method so the trainer can label and schedule it:
+One window (a batch, split into micro-batches) of the sparse half, each piece a method so the
+trainer can label and schedule it:
 
-1. `route`: per table, deduplicate the batch's rows (unique + inverse), find each unique
-   row's owner and slot, exchange split sizes then slots by all-to-all. Each later exchange
-   covers one table, or all tables with `fuse_tables`; the routing of all of a window's
-   micro-batches and exchanges shares one split-size and one slot all-to-all.
-2. `fetch_start` / `fetch_finish`: owners gather the requested rows and return them by
-   all-to-all in the QComms wire format; the requester gets one leaf tensor per exchange,
-   which autograd fills with the gradient of every unique row.
-3. `pool`: sum-pool each feature's bags from the leaves (feeds the dense model).
-4. `grads_start` / `grads_finish`: send each unique row's gradient back to its owner by
-   all-to-all; owners sum what all requesters (and micro-batches) sent per row.
+1. `route`: per table, deduplicate the window's rows (unique + inverse over all of its
+   micro-batches), find each unique row's owner and slot and the first and last micro-batch
+   that uses it, exchange split sizes then slots by all-to-all. Each later exchange covers
+   one table, or all tables with `fuse_tables`.
+2. `fetch_start` / `fetch_wait`: owners gather the requested rows and return them by
+   all-to-all in the QComms wire format, in one chunk per micro-batch (the rows it uses
+   first); the requester assembles one row buffer per window, the leaf autograd fills with
+   every unique row's gradient.
+3. `pool`: sum-pool one micro-batch's bags from the row buffer (feeds the dense model).
+4. `grads_start` / `grads_finish`: after the last micro-batch that uses a row, send its
+   gradient to its owner by all-to-all; owners sum what all requesters sent per row.
+5. `refresh` (DBP): rows of a prefetched window that the last update changed, sent again.
 
 The all-to-alls of steps 2 and 4 are asynchronous (`async_op=True`: gloo runs them on its own
 threads, NCCL on its stream) so a schedule can overlap them with dense compute.
-5. `hsp_allreduce`: with HSP, sum touched-row gradients across replica groups so every group
+6. `hsp_allreduce`: with HSP, sum touched-row gradients across replica groups so every group
    applies the same update (and keeps the same optimizer state).
-6. `apply`: row-wise Adagrad on the touched rows.
+7. `apply`: row-wise Adagrad on the touched rows.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from recprof.nestpipe.config import TrainConfig
+from recprof.nestpipe.config import MAX_MICRO_BATCHES, TrainConfig
 from recprof.nestpipe.data import Batch
 from recprof.nestpipe.qcomms import Codec
 from recprof.nestpipe.sharding import Groups, Layout
 
+_SLOT_BITS = 48  # a routed key: local slot in the low bits, first and last use above it
+_USE_BITS = (MAX_MICRO_BATCHES - 1).bit_length()
+
+
+def _pack(slots: torch.Tensor, first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    return slots | (first << _SLOT_BITS) | (last << (_SLOT_BITS + _USE_BITS))
+
+
+def _unpack(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    use_mask = MAX_MICRO_BATCHES - 1
+    return (keys & ((1 << _SLOT_BITS) - 1), (keys >> _SLOT_BITS) & use_mask,
+            (keys >> (_SLOT_BITS + _USE_BITS)) & use_mask)
+
 
 @dataclass
 class Exchange:
-    """One all-to-all exchange (one table, or all tables when fused) of one batch."""
+    """One comm group's rows for a whole window, each unique row once, seen from both ends.
 
-    order: torch.Tensor  # unique rows sorted by owner: order[i] = index in the leaf
-    send_counts: list[int]  # unique rows this rank requests from each shard
-    recv_counts: list[int]  # rows each peer requests from this rank
+    Requester side (this rank's own rows, sorted by owner): `order`, `owner`, `first`,
+    `last`, `skip`. Owner side (rows peers asked this rank for, in receive order):
+    `recv_slots`, `peer`, `recv_first`, `recv_last`, `recv_skip`. Both ends derive the same
+    per-chunk masks from what the routing all-to-all told them, so no chunk needs its own
+    split-size exchange.
+    """
+
+    offset: int  # where this exchange's rows start in the window's row buffer
+    order: torch.Tensor  # order[i] = row index (within the exchange) of the i-th row by owner
+    owner: torch.Tensor  # owner of each requested row, owner order
+    first: torch.Tensor  # first micro-batch using each requested row, owner order
+    last: torch.Tensor  # last micro-batch using it
+    slots: torch.Tensor  # owner's local slot of each requested row, owner order
     recv_slots: torch.Tensor  # local slots peers requested, in receive order
-    num_unique: int
+    peer: torch.Tensor  # who requested each of them
+    recv_first: torch.Tensor
+    recv_last: torch.Tensor
+    send_counts: list[int]  # rows this rank requests from each owner
+    recv_counts: list[int]  # rows each peer requests from this rank
+    # DBP: rows this rank also requested in the previous window. Their prefetch is skipped:
+    # that window's update changes them, so they arrive with the dual-buffer refresh instead.
+    skip: torch.Tensor | None = None
+    recv_skip: torch.Tensor | None = None
 
 
 @dataclass
@@ -53,19 +87,26 @@ class Pending:
     work: dist.Work
     received: torch.Tensor
     sent: torch.Tensor
-    slots: torch.Tensor | None = None  # for gradients: the local slots they belong to
-    decoded: torch.Tensor | None = None  # for fetches refreshed by DBP: rows in owner order
+    rows: torch.Tensor  # for fetches: where the received rows go in the row buffer;
+    #                     for gradients: the local slots they belong to
 
 
 @dataclass
-class Routing:
-    """Everything the fetch, `pool` and gradient exchange need for one batch."""
+class Window:
+    """One batch's sparse half: its micro-batches, their routing, and the fetched rows.
 
+    Every unique row of the window is fetched once (with the first micro-batch that uses it)
+    and its gradient sent once (after the last micro-batch that uses it): the parameters are
+    frozen for the window, so one copy serves every micro-batch, and autograd sums each
+    row's gradient over micro-batches in the shared row buffer.
+    """
+
+    micro: list[Batch]
     exchanges: list[Exchange]
-    pool_index: torch.Tensor  # per id, its row in the concatenated leaves
-    offsets: torch.Tensor  # bag starts for F*b bags, feature-major
-    num_features: int
-    batch: int
+    pool_index: list[torch.Tensor]  # per micro-batch: per id, its row in `rows`
+    offsets: list[torch.Tensor]  # per micro-batch: bag starts for F*b bags, feature-major
+    rows: torch.Tensor  # (window unique rows, dim): the leaf the dense model reads
+    fetches: dict[int, list[Pending]] = field(default_factory=dict)  # chunk -> in flight
 
 
 def _a2a(
@@ -73,6 +114,17 @@ def _a2a(
     group: dist.ProcessGroup,
 ) -> None:
     dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+
+
+def _key(shard: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One int64 per (shard, slot): both ends of an exchange name a row the same way."""
+    return (shard << _SLOT_BITS) | slots
+
+
+def _feature_ids(batch: Batch) -> list[torch.Tensor]:
+    """The ids of each feature (all of its bags), in feature order."""
+    lengths = batch.lengths.sum(1).tolist()
+    return list(torch.split(batch.ids, lengths))
 
 
 class ShardedEmbeddings:
@@ -108,131 +160,143 @@ class ShardedEmbeddings:
 
     # ---- forward --------------------------------------------------------------------------
 
-    def route(self, batches: list[Batch]) -> list[Routing]:
-        """Deduplicate per table, compute owners, exchange split sizes and slots.
+    def route(
+        self, micro: list[Batch], previous: Window | None = None, requires_grad: bool = True
+    ) -> Window:
+        """Deduplicate the window per comm group, find owners, exchange split sizes and slots.
 
-        All batches (the micro-batches of a window) and all their exchanges share one
-        split-size all-to-all and one slot all-to-all: each synchronous collective is a point
-        where every rank waits for the slowest, so there are two per step, not two per
-        micro-batch and table.
+        Two synchronous all-to-alls per window, whatever the number of micro-batches and
+        tables: each is a point where every rank waits for the slowest. Each routed slot
+        carries the first and last micro-batch that uses the row in its high bits, so owners
+        can split fetches and gradients into per-micro-batch chunks without asking again.
+        With `previous` (DBP), rows this rank requested in the previous window are marked to
+        be skipped by the prefetch (see `Exchange.skip`).
         """
         size, group = self.groups.group_size, self.groups.shard_group
-        units: list[tuple] = []  # (owner-sorted slots, rows per shard, sort order, n unique)
-        spans, pool_indices = [], []
-        for batch in batches:
-            first = len(units)
-            pool_indices.append(self._dedup(batch, units))
-            spans.append(range(first, len(units)))
+        units, pool_index = self._dedup(micro)
         send = torch.stack([u[1] for u in units], dim=1).reshape(-1)  # (shard, unit) flat
         recv = torch.empty_like(send)
         _a2a(recv, send, [len(units)] * size, [len(units)] * size, group)
-        send_counts = send.view(size, -1).tolist()
-        recv_counts = recv.view(size, -1).tolist()  # (source shard, unit)
+        send_counts = send.view(size, -1).t().tolist()  # (unit, owner)
+        recv_counts = recv.view(size, -1).t().tolist()  # (unit, source shard)
         starts = [torch.cumsum(u[1], 0) - u[1] for u in units]
-        outgoing = torch.cat([u[0][int(starts[i][d]) : int(starts[i][d]) + send_counts[d][i]]
+        outgoing = torch.cat([u[0][int(starts[i][d]) : int(starts[i][d]) + send_counts[i][d]]
                               for d in range(size) for i, u in enumerate(units)])
         incoming = torch.empty(int(recv.sum()), dtype=torch.int64, device=self.device)
-        _a2a(incoming, outgoing, [sum(r) for r in recv_counts], [sum(c) for c in send_counts],
-             group)
+        _a2a(incoming, outgoing, [sum(c[s] for c in recv_counts) for s in range(size)],
+             [sum(c[d] for c in send_counts) for d in range(size)], group)
         self._count("key_a2a", 8 * len(units), [1] * size)
-        self._count("key_a2a", 8, [sum(c) for c in send_counts])
+        self._count("key_a2a", 8, [sum(c[d] for c in send_counts) for d in range(size)])
         pieces: list[list[torch.Tensor]] = [[] for _ in units]
         pos = 0
         for s in range(size):
             for i in range(len(units)):
-                pieces[i].append(incoming[pos : pos + recv_counts[s][i]])
-                pos += recv_counts[s][i]
-        routings = []
-        for batch, span, pool_index in zip(batches, spans, pool_indices, strict=True):
-            exchanges = [
-                Exchange(units[i][2], [c[i] for c in send_counts], [r[i] for r in recv_counts],
-                         torch.cat(pieces[i]), units[i][3])
-                for i in span
-            ]
-            lengths = batch.lengths.reshape(-1)
-            routings.append(Routing(exchanges, pool_index, torch.cumsum(lengths, 0) - lengths,
-                                    self.cfg.num_features, batch.size))
-        return routings
+                pieces[i].append(incoming[pos : pos + recv_counts[i][s]])
+                pos += recv_counts[i][s]
+        shards = torch.arange(size, device=self.device)
+        exchanges, offset = [], 0
+        for i, (packed, counts, order) in enumerate(units):
+            slots, first, last = _unpack(packed)
+            recv_slots, recv_first, recv_last = _unpack(torch.cat(pieces[i]))
+            exchanges.append(Exchange(
+                offset, order, torch.repeat_interleave(shards, counts), first, last, slots,
+                recv_slots, torch.repeat_interleave(shards, torch.tensor(recv_counts[i])),
+                recv_first, recv_last, send_counts[i], recv_counts[i],
+            ))  # fmt: skip
+            offset += order.shape[0]
+        if previous is not None:
+            for ex, before in zip(exchanges, previous.exchanges, strict=True):
+                ex.skip = torch.isin(_key(ex.owner, ex.slots), _key(before.owner, before.slots))
+                ex.recv_skip = torch.isin(_key(ex.peer, ex.recv_slots),
+                                          _key(before.peer, before.recv_slots))
+        rows = torch.zeros(offset, self.dim, device=self.device, requires_grad=requires_grad)
+        lengths = [mb.lengths.reshape(-1) for mb in micro]
+        return Window(micro, exchanges, pool_index,
+                      [torch.cumsum(x, 0) - x for x in lengths], rows)
 
-    def _dedup(self, batch: Batch, units: list) -> torch.Tensor:
-        """Per comm group of tables: unique rows, their owners and slots; returns pool_index.
+    def _dedup(self, micro: list[Batch]) -> tuple[list[tuple], list[torch.Tensor]]:
+        """Per comm group: the window's unique rows, owners and first/last use; pool indices.
 
-        Appends one unit per comm group: (slots sorted by owner, rows per owner, the sort
-        order, number of unique rows).
+        Returns one unit per comm group, (packed keys sorted by owner, rows per owner, the
+        sort order), and per micro-batch the index of each id in the window's row buffer.
         """
-        feat_len = batch.lengths.sum(1).tolist()
-        feat_start = [sum(feat_len[:f]) for f in range(self.cfg.num_features)]
-        pool_index = torch.empty_like(batch.ids)
-        base = 0
+        ids = [_feature_ids(mb) for mb in micro]
+        index: dict[tuple[int, int], torch.Tensor] = {}  # (micro-batch, feature) -> rows
+        units, base = [], 0
         for tables in self.comm_groups:
-            owners, slots, unit_base = [], [], base
+            owners, packed = [], []
             for t in tables:
-                feats = [f for f, tt in enumerate(self.table_of_feature) if tt == t]
-                segs = [batch.ids[feat_start[f] : feat_start[f] + feat_len[f]] for f in feats]
-                uniq, inverse = torch.unique(torch.cat(segs) % self.layout.rows[t],
-                                             return_inverse=True)
-                pos = 0
-                for f, seg in zip(feats, segs, strict=True):
-                    n = seg.shape[0]
-                    pool_index[feat_start[f] : feat_start[f] + n] = inverse[pos : pos + n] + base
-                    pos += n
+                segs = [(m, f) for m in range(len(micro))
+                        for f, tt in enumerate(self.table_of_feature) if tt == t]
+                sizes = [ids[m][f].shape[0] for m, f in segs]
+                flat = torch.cat([ids[m][f] for m, f in segs]) % self.layout.rows[t]
+                uniq, inverse = torch.unique(flat, return_inverse=True)
+                user = torch.repeat_interleave(
+                    torch.tensor([m for m, _ in segs], device=self.device),
+                    torch.tensor(sizes, device=self.device))
+                first = torch.full_like(uniq, len(micro)).scatter_reduce_(0, inverse, user, "amin")
+                last = torch.zeros_like(uniq).scatter_reduce_(0, inverse, user, "amax")
+                for seg, rows in zip(segs, torch.split(inverse, sizes), strict=True):
+                    index[seg] = rows + base
                 owner, slot = self.layout.locate(t, uniq)
                 owners.append(owner)
-                slots.append(slot)
+                packed.append(_pack(slot, first, last))
                 base += uniq.shape[0]
             owner = torch.cat(owners)
             order = torch.argsort(owner, stable=True)
             counts = torch.bincount(owner, minlength=self.groups.group_size)
-            units.append((torch.cat(slots)[order], counts, order, base - unit_base))
-        return pool_index
+            units.append((torch.cat(packed)[order], counts, order))
+        pool_index = [torch.cat([index[m, f] for f in range(len(ids[m]))])
+                      for m in range(len(micro))]
+        return units, pool_index
 
-    def fetch_start(self, routing: Routing) -> list[Pending]:
-        """Owners gather the requested rows and start sending them back (asynchronously).
+    def fetch_start(self, window: Window) -> None:
+        """Owners gather the requested rows and start sending them, one chunk per micro-batch.
 
-        Under a frozen window the parameters cannot change before the update, so every
-        micro-batch's fetch may be started at once and waited for only when it is needed.
+        Chunk m holds the rows first used by micro-batch m, so the dense compute of m can
+        start while later chunks are still on the wire. Under a frozen window the parameters
+        do not change before the update, so every chunk may start at once.
         """
-        pending = []
-        for ex in routing.exchanges:
-            wire = self.fwd_codec.encode(self.weight.index_select(0, ex.recv_slots))
-            got = self.fwd_codec.empty(ex.num_unique, self.dim, self.device)
-            work = dist.all_to_all_single(got, wire, ex.send_counts, ex.recv_counts,
-                                          group=self.groups.shard_group, async_op=True)
-            self._count("embedding_a2a_fwd", self.fwd_codec.row_bytes(self.dim), ex.recv_counts)
-            pending.append(Pending(work, got, wire))
-        return pending
+        for m in range(len(window.micro)):
+            window.fetches[m] = []
+            for ex in window.exchanges:
+                mine = ex.first == m if ex.skip is None else (ex.first == m) & ~ex.skip
+                theirs = ex.recv_first == m if ex.recv_skip is None else (
+                    (ex.recv_first == m) & ~ex.recv_skip)
+                wire = self.fwd_codec.encode(self.weight.index_select(0, ex.recv_slots[theirs]))
+                send = self._per_shard(ex.peer[theirs])
+                got = self.fwd_codec.empty(int(mine.sum()), self.dim, self.device)
+                work = dist.all_to_all_single(got, wire, self._per_shard(ex.owner[mine]), send,
+                                              group=self.groups.shard_group, async_op=True)
+                self._count("embedding_a2a_fwd", self.fwd_codec.row_bytes(self.dim), send)
+                window.fetches[m].append(Pending(work, got, wire, ex.offset + ex.order[mine]))
 
-    def fetch_finish(
-        self, routing: Routing, pending: list[Pending], requires_grad: bool
-    ) -> list[torch.Tensor]:
-        """Wait for the rows; one (unique rows, dim) leaf per exchange, in dedup order."""
-        leaves = []
-        for ex, p in zip(routing.exchanges, pending, strict=True):
+    def fetch_wait(self, window: Window, m: int) -> None:
+        """Wait for chunk m and put its rows in the window's row buffer (once)."""
+        for p in window.fetches.pop(m, []):
             p.work.wait()
-            rows = p.decoded if p.decoded is not None else self.fwd_codec.decode(p.received,
-                                                                                 self.dim)
-            leaf = torch.empty(ex.num_unique, self.dim, device=self.device)
-            leaf[ex.order] = rows
-            leaves.append(leaf.requires_grad_(requires_grad))
-        return leaves
+            with torch.no_grad():
+                window.rows[p.rows] = self.fwd_codec.decode(p.received, self.dim)
 
-    def refresh(self, routing: Routing, pending: list[Pending], updated: torch.Tensor) -> None:
-        """Dual-buffer synchronisation: overwrite prefetched rows that the last update changed.
+    def refresh(self, window: Window, updated: torch.Tensor) -> None:
+        """Dual-buffer synchronisation: bring rows the last update changed up to date.
 
-        The next batch's rows were fetched before this step's update. Each owner knows which
-        of its slots it just updated (`updated`, sorted) and which slots every peer asked it
-        for, so it sends exactly the intersection again, with each row's position in that
-        peer's request; the requester patches its prefetch buffer in place. Rows nobody
-        updated are already current, so the buffer ends equal to a fetch made after the update.
+        The window was routed and prefetched before the previous step's update. Each owner
+        knows which of its slots it just updated (`updated`, sorted) and which slots every
+        peer asked it for, so it sends exactly the intersection, with each row's position in
+        that peer's request; the requester patches its row buffer. That covers the rows the
+        prefetch skipped (this rank used them last step, so they were updated) and rows
+        other ranks' gradients changed; rows nobody updated are already current, so the
+        buffer ends equal to a fetch made after the update.
         """
+        for m in list(window.fetches):
+            self.fetch_wait(window, m)
         size, group = self.groups.group_size, self.groups.shard_group
-        ranks = torch.arange(size, device=self.device)
-        for ex, p in zip(routing.exchanges, pending, strict=True):
+        for ex in window.exchanges:
             recv_counts = torch.tensor(ex.recv_counts, device=self.device)
-            peer = torch.repeat_interleave(ranks, recv_counts)
             stale = torch.isin(ex.recv_slots, updated).nonzero().squeeze(1)
-            position = stale - (torch.cumsum(recv_counts, 0) - recv_counts)[peer[stale]]
-            send = torch.bincount(peer[stale], minlength=size)
+            position = stale - (torch.cumsum(recv_counts, 0) - recv_counts)[ex.peer[stale]]
+            send = torch.bincount(ex.peer[stale], minlength=size)
             recv = torch.empty_like(send)
             _a2a(recv, send, [1] * size, [1] * size, group)
             send_list, recv_list = send.tolist(), recv.tolist()
@@ -243,45 +307,52 @@ class ShardedEmbeddings:
             _a2a(got, wire, recv_list, send_list, group)
             self._count("dbp_refresh", 8, [1] * size)
             self._count("dbp_refresh", 8 + self.fwd_codec.row_bytes(self.dim), send_list)
-            p.work.wait()
-            if p.decoded is None:
-                p.decoded = self.fwd_codec.decode(p.received, self.dim)
-            send_start = torch.cumsum(torch.tensor(ex.send_counts, device=self.device), 0)
-            send_start -= torch.tensor(ex.send_counts, device=self.device)
-            owner = torch.repeat_interleave(ranks, recv)
-            p.decoded[send_start[owner] + got_pos] = self.fwd_codec.decode(got, self.dim)
+            counts = torch.tensor(ex.send_counts, device=self.device)
+            owner = torch.repeat_interleave(torch.arange(size, device=self.device), recv)
+            within = (torch.cumsum(counts, 0) - counts)[owner] + got_pos
+            with torch.no_grad():
+                window.rows[ex.offset + ex.order[within]] = self.fwd_codec.decode(got, self.dim)
 
-    def fetch(self, routing: Routing, requires_grad: bool) -> list[torch.Tensor]:
-        """Synchronous fetch: start and wait."""
-        return self.fetch_finish(routing, self.fetch_start(routing), requires_grad)
+    def fetch(self, window: Window) -> torch.Tensor:
+        """Synchronous fetch of the whole window: start and wait; returns the row buffer."""
+        self.fetch_start(window)
+        for m in range(len(window.micro)):
+            self.fetch_wait(window, m)
+        return window.rows
 
     @staticmethod
-    def pool(routing: Routing, leaves: list[torch.Tensor]) -> torch.Tensor:
-        """Sum-pool every bag: (num_features, batch, dim)."""
-        table = torch.cat(leaves) if len(leaves) > 1 else leaves[0]
-        pooled = F.embedding_bag(routing.pool_index, table, routing.offsets, mode="sum")
-        return pooled.view(routing.num_features, routing.batch, -1)
+    def pool(window: Window, m: int) -> torch.Tensor:
+        """Sum-pool every bag of micro-batch m: (num_features, batch, dim)."""
+        mb = window.micro[m]
+        pooled = F.embedding_bag(window.pool_index[m], window.rows, window.offsets[m], mode="sum")
+        return pooled.view(mb.lengths.shape[0], mb.size, -1)
 
     # ---- backward -------------------------------------------------------------------------
 
-    def grads_start(self, routing: Routing, leaves: list[torch.Tensor]) -> list[Pending]:
-        """Start sending each unique row's gradient back to its owner (asynchronously)."""
+    def grads_start(self, window: Window, m: int) -> list[Pending]:
+        """Send the gradients of rows last used by micro-batch m to their owners (async).
+
+        After m's backward no later micro-batch adds to those rows, so their gradient in the
+        row buffer is final: each row's gradient crosses the wire once per window.
+        """
         pending = []
-        for ex, leaf in zip(routing.exchanges, leaves, strict=True):
-            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            wire = self.bwd_codec.encode(grad[ex.order])
-            got = self.bwd_codec.empty(ex.recv_slots.shape[0], self.dim, self.device)
-            work = dist.all_to_all_single(got, wire, ex.recv_counts, ex.send_counts,
+        grad = window.rows.grad if window.rows.grad is not None else torch.zeros_like(window.rows)
+        for ex in window.exchanges:
+            mine, theirs = ex.last == m, ex.recv_last == m
+            send = self._per_shard(ex.owner[mine])
+            wire = self.bwd_codec.encode(grad[ex.offset + ex.order[mine]])
+            got = self.bwd_codec.empty(int(theirs.sum()), self.dim, self.device)
+            work = dist.all_to_all_single(got, wire, self._per_shard(ex.peer[theirs]), send,
                                           group=self.groups.shard_group, async_op=True)
-            self._count("grad_a2a_bwd", self.bwd_codec.row_bytes(self.dim), ex.send_counts)
-            pending.append(Pending(work, got, wire, ex.recv_slots))
+            self._count("grad_a2a_bwd", self.bwd_codec.row_bytes(self.dim), send)
+            pending.append(Pending(work, got, wire, ex.recv_slots[theirs]))
         return pending
 
     def grads_finish(self, pending: list[Pending]) -> tuple[torch.Tensor, torch.Tensor]:
         """Wait for all started gradient exchanges; return (touched local slots, summed grads)."""
         for p in pending:
             p.work.wait()
-        slots = torch.cat([p.slots for p in pending])
+        slots = torch.cat([p.rows for p in pending])
         grads = torch.cat([self.bwd_codec.decode(p.received, self.dim) for p in pending])
         touched, inverse = torch.unique(slots, return_inverse=True)
         summed = torch.zeros(touched.shape[0], self.dim, device=self.device)
@@ -325,6 +396,10 @@ class ShardedEmbeddings:
         self.weight.index_add_(0, touched, grads / scale.unsqueeze(1), alpha=-self.cfg.embedding_lr)
 
     # ---- accounting -----------------------------------------------------------------------
+
+    def _per_shard(self, shard_of_row: torch.Tensor) -> list[int]:
+        """Split sizes: how many of these rows go to (or come from) each shard."""
+        return torch.bincount(shard_of_row, minlength=self.groups.group_size).tolist()
 
     def _count(self, kind: str, row_bytes: int, counts: list[int]) -> None:
         """Bytes this rank sends to *other* ranks (its own split never leaves the process)."""

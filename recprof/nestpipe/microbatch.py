@@ -1,12 +1,14 @@
 """Splitting a rank's batch into the micro-batches of a frozen window, optionally clustered.
 
 Which local samples go into which micro-batch does not change the step's gradient (it is a
-sum over all of them), so clustering is free to reorder. What it changes is deduplication:
-each micro-batch routes its own unique rows, so samples that share keys should travel
-together. Key-centric clustering anchors every sample on one shared key and sorts samples by
-anchor, so samples sharing that key land in the same micro-batch and the key crosses the wire
-once instead of once per micro-batch. It is a cheap one-key heuristic: on Zipf data it saves a
-few percent of unique rows (measured in tests/nestpipe), far from an optimal partition.
+sum over all of them), so clustering is free to reorder. What it changes is how long a row
+is in use: the window is deduplicated as a whole, each row fetched with the first
+micro-batch that uses it and its gradient sent after the last, so a row shared only by
+samples of one micro-batch arrives just in time and leaves at once, while a row spread over
+all micro-batches is fetched up front and sent back at the end. Key-centric clustering
+anchors every sample on one shared key and sorts samples by anchor, so samples sharing that
+key land in the same micro-batch. It is a cheap one-key heuristic: on Zipf data it shortens
+rows' spans by a few percent (measured in tests/nestpipe), far from an optimal partition.
 """
 
 from __future__ import annotations

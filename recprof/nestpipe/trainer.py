@@ -14,7 +14,7 @@ One step, every stage under a stable `record_function` label (docs/nestpipe.md):
     nestpipe:dense_allreduce     dense gradients (and the loss) summed over all ranks
     nestpipe:optimizer           row-wise Adagrad on touched rows, then the dense optimizer
     nestpipe:dbp_refresh         DBP only: rows of the prefetched next batch that this update
-                                 changed are sent again (dual-buffer synchronisation)
+                                 changed are sent (dual-buffer synchronisation)
 
 With DBP the next batch is routed and its fetch started before this batch's compute, so
 `key_routing`/`embedding_a2a_fwd` of step t+1 appear inside step t.
@@ -30,7 +30,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from torch.profiler import record_function
 
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, make_loader
-from recprof.nestpipe.embedding import Pending, Routing, ShardedEmbeddings
+from recprof.nestpipe.embedding import ShardedEmbeddings, Window
 from recprof.nestpipe.metrics import roc_auc
 from recprof.nestpipe.microbatch import split
 from recprof.nestpipe.model import DenseArch
@@ -61,15 +60,6 @@ def _dense_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torc
     return torch.optim.Adagrad(params, lr=cfg.dense_lr)
 
 
-@dataclass
-class Prepared:
-    """A batch whose keys are routed and whose embedding fetches are in flight."""
-
-    micro: list[Batch]
-    routings: list[Routing]
-    fetches: list[list[Pending]]
-
-
 class Trainer:
     """The model (dense replica + embedding shard) and one synchronous training step."""
 
@@ -83,47 +73,47 @@ class Trainer:
         self.optimizer = _dense_optimizer(cfg, self.params)
         self.embeddings = ShardedEmbeddings(cfg, groups, device)
 
-    def prepare(self, batch: Batch) -> Prepared:
-        """Split into micro-batches, route their keys and start every embedding fetch.
+    def prepare(self, batch: Batch, previous: Window | None = None) -> Window:
+        """Split into micro-batches, route the window's keys and start every embedding fetch.
 
         Starting all fetches at once is what the frozen window allows: parameters do not
         change until the step's update, so no fetched row can go stale within the step.
+        `previous` (DBP: the window still to be trained) lets the prefetch skip rows that
+        window will update; the refresh sends them after that update.
         """
         cfg, emb = self.cfg, self.embeddings
         with record_function("nestpipe:key_routing"):
             micro = split(batch, cfg.micro_batches, cfg.clustering, cfg.table_rows(),
                           emb.table_of_feature)
-            routings = emb.route(micro)
+            window = emb.route(micro, previous)
         with record_function("nestpipe:embedding_a2a_fwd"):
-            fetches = [emb.fetch_start(r) for r in routings]
-        return Prepared(micro, routings, fetches)
+            emb.fetch_start(window)
+        return window
 
-    def refresh(self, prepared: Prepared, updated: torch.Tensor) -> None:
-        """DBP: bring a batch prefetched before the last update up to date (see refresh())."""
+    def refresh(self, window: Window, updated: torch.Tensor) -> None:
+        """DBP: bring a window prefetched before the last update up to date (see refresh())."""
         with record_function("nestpipe:dbp_refresh"):
-            for routing, fetch in zip(prepared.routings, prepared.fetches, strict=True):
-                self.embeddings.refresh(routing, fetch, updated)
+            self.embeddings.refresh(window, updated)
 
-    def finish(self, prepared: Prepared) -> tuple[float, torch.Tensor]:
+    def finish(self, window: Window) -> tuple[float, torch.Tensor]:
         """Compute, exchange gradients and update; returns (global mean loss, updated slots).
 
-        Micro-batch i's dense compute runs while fetches of i+1.. are still on the wire, and
-        each gradient all-to-all starts as soon as its backward is done. With one
-        micro-batch and no DBP this is the synchronous baseline.
+        Micro-batch i's dense compute runs while the rows first needed by i+1.. are still on
+        the wire, and the gradients of rows no later micro-batch uses are sent as soon as i's
+        backward is done. With one micro-batch and no DBP this is the synchronous baseline.
         """
         cfg, emb = self.cfg, self.embeddings
         sends, loss_sum = [], torch.zeros((), device=self.device)
-        for mb, routing, fetch in zip(prepared.micro, prepared.routings, prepared.fetches,
-                                      strict=True):
+        for i, mb in enumerate(window.micro):
             with record_function("nestpipe:embedding_a2a_wait"):
-                leaves = emb.fetch_finish(routing, fetch, requires_grad=True)
+                emb.fetch_wait(window, i)
             with record_function("nestpipe:dense_fwd_bwd"):
-                logits = self.model(mb.dense, emb.pool(routing, leaves))
+                logits = self.model(mb.dense, emb.pool(window, i))
                 loss = F.binary_cross_entropy_with_logits(logits, mb.labels, reduction="sum")
                 (loss / cfg.batch_size).backward()
                 loss_sum += loss.detach()
             with record_function("nestpipe:grad_a2a_bwd"):
-                sends.extend(emb.grads_start(routing, leaves))
+                sends.extend(emb.grads_start(window, i))
         with record_function("nestpipe:grad_a2a_wait"):
             touched, grads = emb.grads_finish(sends)
         if self.groups.hsp_groups > 1:
@@ -159,9 +149,9 @@ class Trainer:
         with record_function("nestpipe:eval"):
             for batch in loader:
                 batch = batch.to(self.device)
-                routing = self.embeddings.route([batch])[0]
-                leaves = self.embeddings.fetch(routing, requires_grad=False)
-                scores.append(self.model(batch.dense, self.embeddings.pool(routing, leaves)))
+                window = self.embeddings.route([batch], requires_grad=False)
+                self.embeddings.fetch(window)
+                scores.append(self.model(batch.dense, self.embeddings.pool(window, 0)))
                 labels.append(batch.labels)
         local = torch.stack([torch.cat(scores), torch.cat(labels)])
         gathered = [torch.empty_like(local) for _ in range(self.groups.world)]
@@ -239,7 +229,8 @@ def train(
         else:
             # DBP: route and fetch batch t+1 now, so its all-to-alls overlap t's compute.
             current = upcoming
-            upcoming = trainer.prepare(_next(batches, device)) if step + 1 < cfg.steps else None
+            upcoming = (trainer.prepare(_next(batches, device), current)
+                        if step + 1 < cfg.steps else None)
         loss, updated = trainer.finish(current)
         if upcoming is not None:
             trainer.refresh(upcoming, updated)

@@ -46,7 +46,7 @@ def _last_only(self: ShardedEmbeddings, pending: list) -> tuple[torch.Tensor, to
     return CORRECT["grads_finish"](self, pending[-per_micro_batch:])
 
 
-def _no_refresh(self: ShardedEmbeddings, routing: object, pending: list, updated: object) -> None:
+def _no_refresh(self: ShardedEmbeddings, window: object, updated: object) -> None:
     return None
 
 
