@@ -9,8 +9,9 @@ For each it prints throughput (the trainer's steady window), the exposed communi
 and per-step compute / communication from `recprof analyze` of the captured traces, the
 theoretical 1/N, and step time over the overlap bound max(compute, comm).
 
-    python benchmarks/nestpipe_emulated.py [--rate 50mbit] [--nproc-per-node 1]
-        [--config examples/configs/comm_bound.yaml] [--set key=value ...] [--keep DIR]
+    python benchmarks/nestpipe_emulated.py [--rate 300mbit] [--nproc-per-node 1]
+        [--config examples/configs/comm_bound_large.yaml] [--set key=value ...] [--keep DIR]
+        [--only LABEL-TEXT ...]
 
 Needs root for the namespaces; the cluster is torn down on exit. The profiled steps are part
 of the steady window, so throughputs include the profiler's (small, equal for all rows) cost.
@@ -91,9 +92,9 @@ def _ratio(value: float, reference: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", default="50mbit", help="tbf rate of the inter-node link")
+    parser.add_argument("--rate", default="300mbit", help="tbf rate of the inter-node link")
     parser.add_argument("--nproc-per-node", type=int, default=1)
-    parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound.yaml")
+    parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound_large.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--keep", type=Path, help="keep run folders (traces, summaries) here")
     parser.add_argument("--only", action="append", default=[], metavar="TEXT",

@@ -343,6 +343,7 @@ class RankCapture:
             on_trace_ready=self._export,
             record_shapes=True,
             with_stack=s.with_stack,
+            experimental_config=_all_threads(torch),
         )
         self.prof.preset_metadata_json("recprof_capture", f'{{"rank": {self.rank}}}')
         self.prof.start()
@@ -502,3 +503,17 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _all_threads(torch: Any) -> Any:
+    """Kineto's switch to record ops of every thread, not only the one that started it.
+
+    Jobs run collectives and lookups on helper threads too (a prefetch stage, a pipeline's
+    worker): without it their communication is missing from the trace. The config is marked
+    experimental, so an older torch without the flag gets the default.
+    """
+    config = getattr(getattr(torch._C, "_profiler", None), "_ExperimentalConfig", None)
+    try:
+        return config(profile_all_threads=True) if config is not None else None
+    except TypeError:
+        return None

@@ -25,6 +25,7 @@ threads, NCCL on its stream) so a schedule can overlap them with dense compute.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -106,6 +107,7 @@ class Window:
     pool_index: list[torch.Tensor]  # per micro-batch: per id, its row in `rows`
     offsets: list[torch.Tensor]  # per micro-batch: bag starts for F*b bags, feature-major
     rows: torch.Tensor  # (window unique rows, dim): the leaf the dense model reads
+    group: dist.ProcessGroup  # the sharding group its routing and fetches use
     fetches: dict[int, list[Pending]] = field(default_factory=dict)  # chunk -> in flight
 
 
@@ -143,6 +145,7 @@ class ShardedEmbeddings:
         self.weight = self._init_weight().to(device)
         self.state = torch.zeros(self.weight.shape[0], device=device)
         self.bytes: Counter[str] = Counter()
+        self._bytes_lock = threading.Lock()  # DBP's prefetch thread counts too
 
     def _init_weight(self) -> torch.Tensor:
         """Initialise each full table from (seed, table) and keep this shard's rows.
@@ -161,7 +164,8 @@ class ShardedEmbeddings:
     # ---- forward --------------------------------------------------------------------------
 
     def route(
-        self, micro: list[Batch], previous: Window | None = None, requires_grad: bool = True
+        self, micro: list[Batch], previous: Window | None = None, requires_grad: bool = True,
+        group: dist.ProcessGroup | None = None,
     ) -> Window:
         """Deduplicate the window per comm group, find owners, exchange split sizes and slots.
 
@@ -170,9 +174,10 @@ class ShardedEmbeddings:
         carries the first and last micro-batch that uses the row in its high bits, so owners
         can split fetches and gradients into per-micro-batch chunks without asking again.
         With `previous` (DBP), rows this rank requested in the previous window are marked to
-        be skipped by the prefetch (see `Exchange.skip`).
+        be skipped by the prefetch (see `Exchange.skip`). `group` (default: the sharding
+        group) carries the routing and, later, the window's fetches.
         """
-        size, group = self.groups.group_size, self.groups.shard_group
+        size, group = self.groups.group_size, group or self.groups.shard_group
         units, pool_index = self._dedup(micro)
         send = torch.stack([u[1] for u in units], dim=1).reshape(-1)  # (shard, unit) flat
         recv = torch.empty_like(send)
@@ -212,7 +217,7 @@ class ShardedEmbeddings:
         rows = torch.zeros(offset, self.dim, device=self.device, requires_grad=requires_grad)
         lengths = [mb.lengths.reshape(-1) for mb in micro]
         return Window(micro, exchanges, pool_index,
-                      [torch.cumsum(x, 0) - x for x in lengths], rows)
+                      [torch.cumsum(x, 0) - x for x in lengths], rows, group)
 
     def _dedup(self, micro: list[Batch]) -> tuple[list[tuple], list[torch.Tensor]]:
         """Per comm group: the window's unique rows, owners and first/last use; pool indices.
@@ -267,7 +272,7 @@ class ShardedEmbeddings:
                 send = self._per_shard(ex.peer[theirs])
                 got = self.fwd_codec.empty(int(mine.sum()), self.dim, self.device)
                 work = dist.all_to_all_single(got, wire, self._per_shard(ex.owner[mine]), send,
-                                              group=self.groups.shard_group, async_op=True)
+                                              group=window.group, async_op=True)
                 self._count("embedding_a2a_fwd", self.fwd_codec.row_bytes(self.dim), send)
                 window.fetches[m].append(Pending(work, got, wire, ex.offset + ex.order[mine]))
 
@@ -404,4 +409,5 @@ class ShardedEmbeddings:
     def _count(self, kind: str, row_bytes: int, counts: list[int]) -> None:
         """Bytes this rank sends to *other* ranks (its own split never leaves the process)."""
         own = self.groups.shard
-        self.bytes[kind] += row_bytes * (sum(counts) - counts[own])
+        with self._bytes_lock:
+            self.bytes[kind] += row_bytes * (sum(counts) - counts[own])

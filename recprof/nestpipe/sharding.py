@@ -29,9 +29,13 @@ class Groups:
     hsp_groups: int  # M
     shard_group: dist.ProcessGroup
     replica_group: dist.ProcessGroup | None  # None when M == 1
+    # The same ranks as shard_group, for the DBP routing/prefetch stage, which issues its
+    # collectives from its own thread: a group's collectives must come in the same order on
+    # every rank, which two threads sharing one group could not promise.
+    prefetch_group: dist.ProcessGroup | None = None
 
 
-def make_groups(hsp_groups: int) -> Groups:
+def make_groups(hsp_groups: int, prefetch: bool = False) -> Groups:
     """Create the sharding and replica groups; every rank calls this (new_group is collective)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     size = world // hsp_groups
@@ -46,7 +50,14 @@ def make_groups(hsp_groups: int) -> Groups:
             pg = dist.new_group(list(range(s, world, size)))
             if rank % size == s:
                 replica_group = pg
-    return Groups(rank, world, rank % size, size, hsp_groups, shard_group, replica_group)
+    prefetch_group = None
+    if prefetch:
+        for g in range(hsp_groups):
+            pg = dist.new_group(list(range(g * size, (g + 1) * size)))
+            if rank // size == g:
+                prefetch_group = pg
+    return Groups(rank, world, rank % size, size, hsp_groups, shard_group, replica_group,
+                  prefetch_group)
 
 
 class Layout:

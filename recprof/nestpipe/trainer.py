@@ -30,6 +30,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,22 +74,30 @@ class Trainer:
         self.optimizer = _dense_optimizer(cfg, self.params)
         self.embeddings = ShardedEmbeddings(cfg, groups, device)
 
-    def prepare(self, batch: Batch, previous: Window | None = None) -> Window:
+    def prepare(
+        self, batch: Batch, previous: Window | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> Window:
         """Split into micro-batches, route the window's keys and start every embedding fetch.
 
         Starting all fetches at once is what the frozen window allows: parameters do not
         change until the step's update, so no fetched row can go stale within the step.
         `previous` (DBP: the window still to be trained) lets the prefetch skip rows that
-        window will update; the refresh sends them after that update.
+        window will update; the refresh sends them after that update. `group`: see route().
         """
         cfg, emb = self.cfg, self.embeddings
         with record_function("nestpipe:key_routing"):
             micro = split(batch, cfg.micro_batches, cfg.clustering, cfg.table_rows(),
                           emb.table_of_feature)
-            window = emb.route(micro, previous)
+            window = emb.route(micro, previous, group=group)
         with record_function("nestpipe:embedding_a2a_fwd"):
             emb.fetch_start(window)
         return window
+
+    def prepare_next(self, batches: Iterator[Batch], previous: Window | None) -> Window:
+        """DBP's prefetch stage, run on its own thread: load and copy the next batch, route
+        it and start its fetches, on the prefetch process group."""
+        return self.prepare(_next(batches, self.device), previous, self.groups.prefetch_group)
 
     def refresh(self, window: Window, updated: torch.Tensor) -> None:
         """DBP: bring a window prefetched before the last update up to date (see refresh())."""
@@ -211,7 +220,7 @@ def train(
     Returns the summary on rank 0, None elsewhere.
     """
     started = time.perf_counter()
-    groups = make_groups(cfg.hsp_groups)
+    groups = make_groups(cfg.hsp_groups, prefetch=cfg.dbp)
     trainer = Trainer(cfg, groups, device)
     is_main = groups.rank == 0
     metrics_fh = None
@@ -221,23 +230,26 @@ def train(
     loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers)
     batches = iter(loader)
     walls, loss = [], float("nan")
-    upcoming = trainer.prepare(_next(batches, device)) if cfg.dbp else None
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        if upcoming is None:
-            current = trainer.prepare(_next(batches, device))
-        else:
-            # DBP: route and fetch batch t+1 now, so its all-to-alls overlap t's compute.
-            current = upcoming
-            upcoming = (trainer.prepare(_next(batches, device), current)
-                        if step + 1 < cfg.steps else None)
-        loss, updated = trainer.finish(current)
-        if upcoming is not None:
-            trainer.refresh(upcoming, updated)
-        walls.append(time.perf_counter() - t0)
-        if metrics_fh is not None:
-            record = {"step": step, "samples": cfg.batch_size, "wall_s": walls[-1], "loss": loss}
-            metrics_fh.write(json.dumps(record) + "\n")
+    with ThreadPoolExecutor(1, thread_name_prefix="nestpipe-prefetch") as stage:
+        # DBP: batch t+1 is loaded, routed and its fetch started on the prefetch thread
+        # (own process group) while batch t trains on this one.
+        upcoming = stage.submit(trainer.prepare_next, batches, None) if cfg.dbp else None
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            if upcoming is None:
+                current = trainer.prepare(_next(batches, device))
+            else:
+                current = upcoming.result()
+                upcoming = (stage.submit(trainer.prepare_next, batches, current)
+                            if step + 1 < cfg.steps else None)
+            loss, updated = trainer.finish(current)
+            if upcoming is not None:
+                trainer.refresh(upcoming.result(), updated)
+            walls.append(time.perf_counter() - t0)
+            if metrics_fh is not None:
+                record = {"step": step, "samples": cfg.batch_size, "wall_s": walls[-1],
+                          "loss": loss}
+                metrics_fh.write(json.dumps(record) + "\n")
     if metrics_fh is not None:
         metrics_fh.close()
     bytes_per_step = _bytes_per_step(trainer, cfg.steps)
