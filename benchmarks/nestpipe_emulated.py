@@ -94,7 +94,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="300mbit", help="tbf rate of the inter-node link")
     parser.add_argument("--nproc-per-node", type=int, default=1)
-    parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound_large.yaml")
+    parser.add_argument("--config", type=Path,
+                        default=REPO / "examples/configs/comm_bound_large.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--keep", type=Path, help="keep run folders (traces, summaries) here")
     parser.add_argument("--only", action="append", default=[], metavar="TEXT",

@@ -387,7 +387,7 @@ class ShardedEmbeddings:
         full = torch.zeros(union.shape[0], self.dim, device=self.device)
         full[torch.searchsorted(union, touched)] = grads
         dist.all_reduce(full, group=group)
-        self.bytes["hsp_allreduce"] += 8 + 8 * longest + full.numel() * 4
+        self.add_bytes("hsp_allreduce", 8 + 8 * longest + full.numel() * 4)
         return union, full
 
     def apply(self, touched: torch.Tensor, grads: torch.Tensor) -> None:
@@ -408,6 +408,9 @@ class ShardedEmbeddings:
 
     def _count(self, kind: str, row_bytes: int, counts: list[int]) -> None:
         """Bytes this rank sends to *other* ranks (its own split never leaves the process)."""
-        own = self.groups.shard
+        self.add_bytes(kind, row_bytes * (sum(counts) - counts[self.groups.shard]))
+
+    def add_bytes(self, kind: str, n: int) -> None:
+        """Count bytes handed to a collective (from either thread)."""
         with self._bytes_lock:
-            self.bytes[kind] += row_bytes * (sum(counts) - counts[own])
+            self.bytes[kind] += n

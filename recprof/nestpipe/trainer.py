@@ -6,18 +6,22 @@ One step, every stage under a stable `record_function` label (docs/nestpipe.md):
     nestpipe:h2d                 its host-to-device copy (non-blocking; a no-op on CPU)
     nestpipe:key_routing         micro-batch split/clustering, dedup, owners, slot all-to-alls
     nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-alls started (async)
-    nestpipe:embedding_a2a_wait  waiting for one micro-batch's rows
+    nestpipe:embedding_a2a_wait  waiting for the rows a micro-batch uses first
     nestpipe:dense_fwd_bwd       pooling, dense forward, loss, backward (per micro-batch)
-    nestpipe:grad_a2a_bwd        unique-row gradients to owners, all-to-all started (async)
+    nestpipe:grad_a2a_bwd        gradients of rows no later micro-batch uses, to their owners
+                                 (all-to-all started, async)
     nestpipe:grad_a2a_wait       waiting for all gradient all-to-alls; owners sum per row
     nestpipe:hsp_allreduce       touched-row gradients summed across HSP groups (M > 1 only)
-    nestpipe:dense_allreduce     dense gradients (and the loss) summed over all ranks
+    nestpipe:dense_allreduce     dense gradients (and the loss) summed over all ranks: started
+                                 (async) before the row-gradient wait, so both share the wire
+    nestpipe:dense_allreduce_wait  its wait, after the embedding update
     nestpipe:optimizer           row-wise Adagrad on touched rows, then the dense optimizer
     nestpipe:dbp_refresh         DBP only: rows of the prefetched next batch that this update
                                  changed are sent (dual-buffer synchronisation)
 
-With DBP the next batch is routed and its fetch started before this batch's compute, so
-`key_routing`/`embedding_a2a_fwd` of step t+1 appear inside step t.
+With DBP the next batch is loaded, routed and its fetch started on a prefetch thread (with
+its own process group) while this batch computes, so `data_wait`/`key_routing`/
+`embedding_a2a_fwd` of step t+1 run inside step t, on that thread.
 
 Losses are sums over the local samples divided by the *global* batch size, so summing
 gradients over ranks (and micro-batches) gives exactly the global-batch gradient of a single
@@ -123,30 +127,29 @@ class Trainer:
                 loss_sum += loss.detach()
             with record_function("nestpipe:grad_a2a_bwd"):
                 sends.extend(emb.grads_start(window, i))
+        with record_function("nestpipe:dense_allreduce"):
+            # Started before waiting for the row gradients, so both share the wire.
+            flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [loss_sum.reshape(1)])
+            dense = dist.all_reduce(flat, async_op=True)
+            emb.add_bytes("dense_allreduce", flat.numel() * 4)
         with record_function("nestpipe:grad_a2a_wait"):
             touched, grads = emb.grads_finish(sends)
         if self.groups.hsp_groups > 1:
             with record_function("nestpipe:hsp_allreduce"):
                 touched, grads = emb.hsp_allreduce(touched, grads)
-        with record_function("nestpipe:dense_allreduce"):
-            total = self._allreduce_dense(loss_sum)
         with record_function("nestpipe:optimizer"):
             emb.apply(touched, grads)
+        with record_function("nestpipe:dense_allreduce_wait"):
+            dense.wait()
+        with record_function("nestpipe:optimizer"):
+            pos = 0
+            for p in self.params:
+                n = p.numel()
+                p.grad.copy_(flat[pos : pos + n].view_as(p))
+                pos += n
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        return total / cfg.batch_size, touched
-
-    def _allreduce_dense(self, loss_sum: torch.Tensor) -> float:
-        """Sum dense gradients over all ranks in one flat buffer; the loss rides along."""
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [loss_sum.reshape(1)])
-        dist.all_reduce(flat)
-        self.embeddings.bytes["dense_allreduce"] += flat.numel() * 4
-        pos = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_(flat[pos : pos + n].view_as(p))
-            pos += n
-        return float(flat[-1])
+        return float(flat[-1]) / cfg.batch_size, touched
 
     @torch.no_grad()
     def evaluate(self, batches: int) -> tuple[float | None, float | None]:

@@ -12,6 +12,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "examples" / "ddp_sharded_embedding.py"
 TINY_JOB = REPO_ROOT / "examples" / "capture_cases" / "tiny_job.py"
+TINY_CONFIG = REPO_ROOT / "examples" / "configs" / "tiny.yaml"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
 JOB_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

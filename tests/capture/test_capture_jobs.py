@@ -17,6 +17,7 @@ from capture_helpers import (
     EXAMPLE,
     JOB_ENV,
     REPO_ROOT,
+    TINY_CONFIG,
     TINY_JOB,
     TORCHRUN,
     alive,
@@ -89,6 +90,24 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
     assert (out / "analysis.json").stat().st_size > 0
     assert man["report"] == "report.html", explain(proc)
     assert f"report: {out / 'report.html'}" in " ".join(proc.stderr.split())
+
+
+def test_work_on_helper_threads_is_recorded(tmp_path: Path) -> None:
+    """DBP routes and prefetches the next batch on a helper thread: its ops and collectives
+    must be in the trace, or its communication would be missing from the analysis."""
+    out = tmp_path / "run"
+    job = [*TORCHRUN, "2", "-m", "recprof.nestpipe", "--config", str(TINY_CONFIG),
+           "--set", "dbp=true", "--set", "steps=8"]
+    proc = run_capture(out, (2, 1, 3), *job)
+    assert proc.returncode == 0, explain(proc)
+    for trace in sorted((out / "traces").glob("*.pt.trace.json")):
+        _, events = trace_events(trace)
+        main = {e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep")}
+        routing = {e["tid"] for e in events if e.get("name") == "nestpipe:key_routing"}
+        assert len(main) == 1 and routing and not routing & main
+        # the dedup itself, an ATen op that only the helper thread runs
+        assert any(e.get("name", "").startswith("aten::_unique") and e["tid"] in routing
+                   for e in events)
 
 
 def test_job_without_optimizer_steps_on_the_outermost_forward(tmp_path: Path) -> None:
