@@ -75,10 +75,11 @@ class Exchange:
     recv_last: torch.Tensor
     send_counts: list[int]  # rows this rank requests from each owner
     recv_counts: list[int]  # rows each peer requests from this rank
-    # DBP: rows this rank also requested in the previous window. Their prefetch is skipped:
-    # that window's update changes them, so they arrive with the dual-buffer refresh instead.
-    skip: torch.Tensor | None = None
-    recv_skip: torch.Tensor | None = None
+    # DBP: rows this rank also requested in the previous window (all False without DBP).
+    # Their prefetch is skipped: that window's update changes them, so they arrive with the
+    # dual-buffer refresh instead.
+    skip: torch.Tensor
+    recv_skip: torch.Tensor
 
 
 @dataclass
@@ -203,17 +204,20 @@ class ShardedEmbeddings:
         for i, (packed, counts, order) in enumerate(units):
             slots, first, last = _unpack(packed)
             recv_slots, recv_first, recv_last = _unpack(torch.cat(pieces[i]))
+            owner = torch.repeat_interleave(shards, counts)
+            peer = torch.repeat_interleave(shards, torch.tensor(recv_counts[i]))
+            if previous is None:
+                skip = torch.zeros_like(slots, dtype=torch.bool)
+                recv_skip = torch.zeros_like(recv_slots, dtype=torch.bool)
+            else:
+                before = previous.exchanges[i]
+                skip = torch.isin(_key(owner, slots), _key(before.owner, before.slots))
+                recv_skip = torch.isin(_key(peer, recv_slots), _key(before.peer, before.recv_slots))
             exchanges.append(Exchange(
-                offset, order, torch.repeat_interleave(shards, counts), first, last, slots,
-                recv_slots, torch.repeat_interleave(shards, torch.tensor(recv_counts[i])),
-                recv_first, recv_last, send_counts[i], recv_counts[i],
+                offset, order, owner, first, last, slots, recv_slots, peer, recv_first,
+                recv_last, send_counts[i], recv_counts[i], skip, recv_skip,
             ))  # fmt: skip
             offset += order.shape[0]
-        if previous is not None:
-            for ex, before in zip(exchanges, previous.exchanges, strict=True):
-                ex.skip = torch.isin(_key(ex.owner, ex.slots), _key(before.owner, before.slots))
-                ex.recv_skip = torch.isin(_key(ex.peer, ex.recv_slots),
-                                          _key(before.peer, before.recv_slots))
         rows = torch.zeros(offset, self.dim, device=self.device, requires_grad=requires_grad)
         lengths = [mb.lengths.reshape(-1) for mb in micro]
         return Window(micro, exchanges, pool_index,
@@ -265,9 +269,7 @@ class ShardedEmbeddings:
         for m in range(len(window.micro)):
             window.fetches[m] = []
             for ex in window.exchanges:
-                mine = ex.first == m if ex.skip is None else (ex.first == m) & ~ex.skip
-                theirs = ex.recv_first == m if ex.recv_skip is None else (
-                    (ex.recv_first == m) & ~ex.recv_skip)
+                mine, theirs = (ex.first == m) & ~ex.skip, (ex.recv_first == m) & ~ex.recv_skip
                 wire = self.fwd_codec.encode(self.weight.index_select(0, ex.recv_slots[theirs]))
                 send = self._per_shard(ex.peer[theirs])
                 got = self.fwd_codec.empty(int(mine.sum()), self.dim, self.device)
