@@ -20,6 +20,7 @@ of the steady window, so throughputs include the profiler's (small, equal for al
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -29,6 +30,10 @@ from pathlib import Path
 
 import yaml
 from emulated_cluster import REPO, EmulatedCluster  # benchmarks/ is on sys.path when run
+
+
+class RunFailed(Exception):
+    """One schedule's run or analysis failed; the others still run and print."""
 
 
 @dataclass
@@ -49,7 +54,7 @@ def _analyze(run_dir: Path) -> tuple[float, float, float, float]:
     proc = subprocess.run([sys.executable, "-m", "recprof", "analyze", *traces, "--json", str(out)],
                           capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
-        sys.exit(f"recprof analyze failed on {run_dir}:\n{proc.stderr[-2000:]}")
+        raise RunFailed(f"recprof analyze failed on {run_dir}:\n{proc.stderr[-2000:]}")
     ranks = [r for job in json.loads(out.read_text())["jobs"] for r in job["ranks"]]
     steps = sum(len(r["steps"]) for r in ranks)
 
@@ -64,12 +69,13 @@ def _analyze(run_dir: Path) -> tuple[float, float, float, float]:
 def _run(
     cluster: EmulatedCluster, nproc: int, run_dir: Path, target: list[str], port: int, wait: int
 ) -> None:
+    """One job on the cluster, each node under `recprof capture`; RunFailed if a node fails."""
     wrappers = [[sys.executable, "-m", "recprof", "capture", "--no-report", "--wait", str(wait),
                  "--out", str(run_dir / f"node{i}"), "--"] for i in range(len(cluster.nodes))]
     results = cluster.torchrun(nproc, target, port=port, wrapper=wrappers)
     for i, res in enumerate(results):
         if res.returncode != 0:
-            sys.exit(f"{run_dir.name}: node {i} exited {res.returncode}\n{res.stderr[-3000:]}")
+            raise RunFailed(f"node {i} exited {res.returncode}\n{res.stderr[-3000:]}")
 
 
 def _micro_batches(knobs: list[str]) -> int:
@@ -126,17 +132,27 @@ def main() -> None:
               29650 + i, [str(REPO / "examples/torchrec_dlrm.py"), *base, "--pipeline", pipeline],
               1) for i, pipeline in enumerate(("none", "sparse_dist"))]
     jobs = [job for job in jobs if not args.only or any(text in job[0] for text in args.only)]
+    if importlib.util.find_spec("torchrec") is None:
+        print("torchrec is not installed (`make torchrec`): the TorchRec rows are left out",
+              file=sys.stderr)
+        jobs = [job for job in jobs if not job[0].startswith("TorchRec")]
     wait = _warmup_steps(args.config, args.overrides) + 2  # capture after the warm-up
     rows: list[Row] = []
+    failed: list[str] = []
     root = args.keep or Path(tempfile.mkdtemp(prefix="nestpipe_emulated_"))
     with EmulatedCluster(rate=args.rate) as cluster:
         for i, (label, port, target, micro_batches) in enumerate(jobs):
             run_dir = root / f"run{i}"
-            _run(cluster, args.nproc_per_node, run_dir, [*target, "--out", str(run_dir / "out")],
-                 port, wait)
-            summary = json.loads((run_dir / "out/summary.json").read_text())
-            rows.append(Row(label, micro_batches, summary["throughput_samples_per_s"],
-                            *_analyze(run_dir)))
+            try:
+                _run(cluster, args.nproc_per_node, run_dir,
+                     [*target, "--out", str(run_dir / "out")], port, wait)
+                summary = json.loads((run_dir / "out/summary.json").read_text())
+                rows.append(Row(label, micro_batches, summary["throughput_samples_per_s"],
+                                *_analyze(run_dir)))
+            except RunFailed as failure:
+                print(f"  {label}: FAILED ({run_dir}): {failure}", file=sys.stderr)
+                failed.append(label)
+                continue
             print(f"  {label}: {rows[-1].throughput:,.0f} samples/s", file=sys.stderr)
         leftovers = cluster.leftovers
     by_label = {r.label: r.throughput for r in rows}
@@ -154,6 +170,8 @@ def main() -> None:
               f"{r.step_ms / bound:>10.2f}x")
     print("exposed = exposed comm / comm (recprof analyze, all ranks); bound = max(compute, comm)"
           " per step")
+    if failed:
+        print(f"failed (see stderr): {', '.join(failed)}")
     print(f"namespaces left behind: {leftovers() or 'none'}; run folders: {root}")
 
 
