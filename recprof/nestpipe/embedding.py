@@ -14,7 +14,8 @@ trainer can label and schedule it:
 3. `pool`: sum-pool one micro-batch's bags from the row buffer (feeds the dense model).
 4. `grads_start` / `grads_finish`: after the last micro-batch that uses a row, send its
    gradient to its owner by all-to-all; owners sum what all requesters sent per row.
-5. `refresh` (DBP): rows of a prefetched window that the last update changed, sent again.
+5. `refresh` (DBP): rows of a prefetched window that the last update changed (including
+   those the prefetch skipped), sent after that update.
 
 The all-to-alls of steps 2 and 4 are asynchronous (`async_op=True`: gloo runs them on its own
 threads, NCCL on its stream) so a schedule can overlap them with dense compute.
@@ -205,7 +206,7 @@ class ShardedEmbeddings:
             slots, first, last = _unpack(packed)
             recv_slots, recv_first, recv_last = _unpack(torch.cat(pieces[i]))
             owner = torch.repeat_interleave(shards, counts)
-            peer = torch.repeat_interleave(shards, torch.tensor(recv_counts[i]))
+            peer = torch.repeat_interleave(shards, torch.tensor(recv_counts[i], device=self.device))
             if previous is None:
                 skip = torch.zeros_like(slots, dtype=torch.bool)
                 recv_skip = torch.zeros_like(recv_slots, dtype=torch.bool)
