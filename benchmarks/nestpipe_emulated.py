@@ -170,9 +170,9 @@ def main() -> None:
               f"{r.step_ms / bound:>10.2f}x")
     print("exposed = exposed comm / comm (recprof analyze, all ranks); bound = max(compute, comm)"
           " per step")
-    if failed:
-        print(f"failed (see stderr): {', '.join(failed)}")
     print(f"namespaces left behind: {leftovers() or 'none'}; run folders: {root}")
+    if failed:
+        sys.exit(f"failed (reasons above, on stderr): {', '.join(failed)}")
 
 
 if __name__ == "__main__":
