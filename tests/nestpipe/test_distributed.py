@@ -66,20 +66,15 @@ def test_dbp_without_dual_buffer_sync_is_caught(runs: Runs) -> None:
     assert not states_close(runs.single().state, runs["dbp_bugged"].state)
 
 
-def test_pipelining_with_hsp_equals_synchronous(runs: Runs) -> None:
-    run = runs["hsp2_dbp_fwp2"]
+@pytest.mark.parametrize("variant", ["hsp2_dbp_fwp2", "hsp2_fwp2_clustered"])
+def test_pipelining_with_hsp_equals_synchronous(runs: Runs, variant: str) -> None:
+    run = runs[variant]
     assert states_close(runs["hsp1"].state, run.state)
     assert run.state["replica_max_abs_diff"] == 0.0
 
 
 def test_dropping_micro_batch_gradients_is_caught(runs: Runs) -> None:
     assert not states_close(runs.single().state, runs["fwp4_bugged"].state)
-
-
-def test_frozen_window_with_hsp_equals_synchronous(runs: Runs) -> None:
-    run = runs["hsp2_fwp2_clustered"]
-    assert states_close(runs["hsp1"].state, run.state)
-    assert run.state["replica_max_abs_diff"] == 0.0
 
 
 def test_hsp_two_groups_equal_one_group(runs: Runs) -> None:
