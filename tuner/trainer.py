@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import yaml
 
 from recprof.errors import RecprofError
+from recprof.nestpipe.config import read_config_file
 from tuner.space import JobShape
 
 # Config keys that may hold the embedding dimension (reshape k must divide it); the contract
@@ -28,21 +28,7 @@ _EMBEDDING_DIM_KEYS = ("embedding_dim", "emb_dim", "embedding_dimension")
 
 def load_base_config(path: Path | None) -> dict[str, Any]:
     """The user's base trainer config (YAML or TOML), or an empty one (trainer defaults)."""
-    if path is None:
-        return {}
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise RecprofError(f"{path}: config file not found") from None
-    try:
-        data = tomllib.loads(text) if Path(path).suffix == ".toml" else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise RecprofError(f"{path}: cannot parse config ({exc})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise RecprofError(f"{path}: a trainer config must be a mapping of keys to values")
-    return data
+    return read_config_file(Path(path)) if path is not None else {}
 
 
 def job_shape(config: Mapping[str, Any], world_size: int) -> JobShape:

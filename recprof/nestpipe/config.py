@@ -126,7 +126,8 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A config file's mapping (YAML, or TOML by suffix); the tuner reads base configs with it."""
     if not path.is_file():
         raise RecprofError(f"config: no such file {path}")
     text = path.read_text()
@@ -156,7 +157,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
 
 def load_config(path: Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read the file (YAML unless it ends in .toml), apply `--set key=value`, check each value."""
-    values: dict[str, Any] = _read_file(path) if path is not None else {}
+    values: dict[str, Any] = read_config_file(path) if path is not None else {}
     for item in overrides:
         key, value = _parse_override(item)
         values[key] = value
