@@ -28,8 +28,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from emulated_cluster import REPO, EmulatedCluster  # benchmarks/ is on sys.path when run
+
+from recprof.errors import RecprofError
+from recprof.nestpipe.config import load_config
 
 
 class RunFailed(Exception):
@@ -82,16 +84,6 @@ def _micro_batches(knobs: list[str]) -> int:
     return int(next((k.split("=")[1] for k in knobs if k.startswith("micro_batches=")), 1))
 
 
-def _warmup_steps(config: Path, overrides: list[str]) -> int:
-    """The run's warm-up steps: the last --set wins over the config file."""
-    values = yaml.safe_load(config.read_text()) or {}
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key.strip() == "warmup_steps":
-            values["warmup_steps"] = int(value)
-    return int(values.get("warmup_steps", 10))
-
-
 def _ratio(value: float, reference: float | None) -> str:
     return f"{value / reference:.2f}x" if reference else "-"
 
@@ -136,7 +128,10 @@ def main() -> None:
         print("torchrec is not installed (`make torchrec`): the TorchRec rows are left out",
               file=sys.stderr)
         jobs = [job for job in jobs if not job[0].startswith("TorchRec")]
-    wait = _warmup_steps(args.config, args.overrides) + 2  # capture after the warm-up
+    try:
+        wait = load_config(args.config, args.overrides).warmup_steps + 2  # capture after it
+    except RecprofError as exc:
+        sys.exit(f"error: {exc}")
     rows: list[Row] = []
     failed: list[str] = []
     root = args.keep or Path(tempfile.mkdtemp(prefix="nestpipe_emulated_"))

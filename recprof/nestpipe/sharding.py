@@ -42,22 +42,26 @@ def make_groups(hsp_groups: int, prefetch: bool = False) -> Groups:
     shard_group: dist.ProcessGroup = dist.group.WORLD
     replica_group = None
     if hsp_groups > 1:
-        for g in range(hsp_groups):
-            pg = dist.new_group(list(range(g * size, (g + 1) * size)))
-            if rank // size == g:
-                shard_group = pg
-        for s in range(size):
-            pg = dist.new_group(list(range(s, world, size)))
-            if rank % size == s:
-                replica_group = pg
+        shard_group = _own_group([list(range(g * size, (g + 1) * size))
+                                  for g in range(hsp_groups)], rank)
+        replica_group = _own_group([list(range(s, world, size)) for s in range(size)], rank)
     prefetch_group = None
     if prefetch:
-        for g in range(hsp_groups):
-            pg = dist.new_group(list(range(g * size, (g + 1) * size)))
-            if rank // size == g:
-                prefetch_group = pg
+        prefetch_group = _own_group([list(range(g * size, (g + 1) * size))
+                                     for g in range(hsp_groups)], rank)
     return Groups(rank, world, rank % size, size, hsp_groups, shard_group, replica_group,
                   prefetch_group)
+
+
+def _own_group(members: list[list[int]], rank: int) -> dist.ProcessGroup:
+    """Create every group (in the same order on every rank) and return the one holding rank."""
+    own = None
+    for ranks in members:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            own = group
+    assert own is not None, f"rank {rank} is in none of {members}"
+    return own
 
 
 class Layout:
