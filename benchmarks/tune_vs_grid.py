@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from tuner.runner import TrialRunner  # noqa: E402
-from tuner.space import divisors, knobs_key, load_space  # noqa: E402
+from tuner.space import divisors, knobs_key, knobs_label, load_space  # noqa: E402
 from tuner.study import TuneSettings, run_tuning  # noqa: E402
 from tuner.trainer import (  # noqa: E402
     Launch,
@@ -176,9 +176,9 @@ def main() -> None:
         if name != "grid":
             verdicts.append(ok)
         table.add_row(
-            name, str(rec.runs), _label(rec.knobs), f"{rec.throughput:,.1f}", f"{in_grid:,.1f}",
-            f"{in_grid / grid_rec.throughput:.3f}", f"{median:,.1f}", f"{ratio:.3f}",
-            "yes" if ok else "no",
+            name, str(rec.runs), knobs_label(rec.knobs), f"{rec.throughput:,.1f}",
+            f"{in_grid:,.1f}", f"{in_grid / grid_rec.throughput:.3f}", f"{median:,.1f}",
+            f"{ratio:.3f}", "yes" if ok else "no",
         )  # fmt: skip
     console.print(table)
     console.print(
@@ -194,7 +194,7 @@ def main() -> None:
     )
     for key, values in confirmed.items():
         runs = ", ".join(f"{v:,.0f}" for v in values)
-        console.print(f"re-runs of {_label(configs[key])}: {runs}", highlight=False)
+        console.print(f"re-runs of {knobs_label(configs[key])}: {runs}", highlight=False)
 
 
 def confirm(
@@ -216,16 +216,6 @@ def confirm(
 
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
-
-
-_SHORT = {"micro_batches": "N", "hsp_groups": "M", "qcomms": "q", "reshape": "k"}
-
-
-def _label(knobs: dict[str, Any]) -> str:
-    """`N=1 M=2 q=fp16 k=2 dbp`: booleans shown only when on."""
-    return " ".join(
-        (k if v is True else f"{_SHORT.get(k, k)}={v}") for k, v in knobs.items() if v is not False
-    )
 
 
 if __name__ == "__main__":

@@ -55,6 +55,21 @@ def knobs_key(knobs: Mapping[str, Any]) -> str:
     return json.dumps(dict(sorted(knobs.items())), sort_keys=True, separators=(",", ":"))
 
 
+_SHORT_NAMES = {"micro_batches": "N", "hsp_groups": "M", "qcomms": "q", "reshape": "k"}
+
+
+def knobs_label(knobs: Mapping[str, Any]) -> str:
+    """A compact one-line config, e.g. `N=2 M=1 q=bf16 k=1 dbp clustering`."""
+    parts = []
+    for name, value in knobs.items():
+        if isinstance(value, bool):
+            if value:
+                parts.append(name)
+        else:
+            parts.append(f"{_SHORT_NAMES.get(name, name)}={value}")
+    return " ".join(parts)
+
+
 @dataclass(frozen=True)
 class JobShape:
     """What validity depends on: the world size and the sizes read from the base config."""

@@ -42,6 +42,7 @@ from tuner.space import (
     invalid_reason,
     is_lossy,
     knobs_key,
+    knobs_label,
     load_space,
 )
 from tuner.storage import resolve_storage
@@ -453,7 +454,7 @@ class Tuner:
                 key = knobs_key(knobs)
                 trial.set_user_attr("knobs", knobs)
                 trial.set_user_attr("key", key)
-                label = escape(_label(knobs))
+                label = escape(knobs_label(knobs))
                 why_not = invalid_reason(knobs, self.shape)
                 if why_not is not None:
                     trial.set_user_attr("status", "invalid")
@@ -502,21 +503,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-_SHORT = {"micro_batches": "N", "hsp_groups": "M", "qcomms": "q", "reshape": "k"}
-
-
-def _label(knobs: Mapping[str, Any]) -> str:
-    """A compact one-line config, e.g. `N=2 M=1 q=bf16 k=1 dbp clustering`."""
-    parts = []
-    for name, value in knobs.items():
-        if isinstance(value, bool):
-            if value:
-                parts.append(name)
-        else:
-            parts.append(f"{_SHORT.get(name, name)}={value}")
-    return " ".join(parts)
 
 
 def _trial_line(number: int, label: str, outcome: TrialOutcome) -> str:
