@@ -33,10 +33,12 @@ def run_torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc_per_node", str(nproc), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{port}", str(script), *args]
+    from job_failure import explain_job
+
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        pytest.fail(explain_job(proc))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,10 @@ Each switch is a pattern seen in real training scripts:
     --self-profile        the script runs torch.profiler itself: capture must step aside
     --crash-rank R --crash-step S   rank R raises at step S (the others block, then die)
     --step-sleep SECONDS  slow steps (room for a Ctrl-C inside the window)
+    --abort-at-exit       SIGABRT in interpreter teardown, after the exit handlers ran: what the
+                          gloo exit race does (recprof/exit_race.py; TorchRec's golden DLRM
+                          aborted so in 1 run of 3)
+    --abort-after-loop    os.abort() right after the training loop, before any exit handler
 
     torchrun --standalone --nproc_per_node 2 examples/capture_cases/tiny_job.py --steps 8
     python examples/capture_cases/tiny_job.py --steps 8      # one process, world size 1
@@ -15,6 +19,8 @@ Each switch is a pattern seen in real training scripts:
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import os
 import tempfile
 import time
@@ -35,11 +41,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-step", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--abort-at-exit", action="store_true")
+    parser.add_argument("--abort-after-loop", action="store_true")
     return parser.parse_args()
+
+
+def abort_in_teardown() -> None:
+    """From an exit handler, arm an abort for the interpreter's teardown garbage collection,
+    which runs after every exit handler: the moment the gloo runloop race aborts."""
+    gc.callbacks.append(lambda phase, info: os.abort())
 
 
 def main() -> None:
     args = parse_args()
+    if args.abort_at_exit:
+        atexit.register(abort_in_teardown)
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
     else:  # plain `python tiny_job.py`: a world of one, rendezvous through a file
@@ -81,6 +97,8 @@ def main() -> None:
             if prof is not None:
                 prof.step()
             time.sleep(args.step_sleep)
+    if args.abort_after_loop:
+        os.abort()
     dist.destroy_process_group()
 
 

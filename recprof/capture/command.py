@@ -111,6 +111,9 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
         table.add_column(column)
     for r in manifest["ranks"]:
         exit_ = r.get("exit") or {"status": "killed"}
+        ended = exit_["status"].replace("_", " ")
+        if exit_.get("signal"):
+            ended += f" ({exit_['signal']})"
         steps = r.get("profiled_steps")
         table.add_row(
             str(r["rank"]),
@@ -119,14 +122,18 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
             f"{r['trace_bytes'] / 1e6:.1f}" if r.get("trace_bytes") else "-",
             str(r["trace_events"] or "-"),
             f"{steps[0]}-{steps[1]}" if steps else "-",
-            exit_["status"] if exit_["status"] == "completed" else f"[red]{exit_['status']}[/]",
+            ended if exit_["status"] == "completed" else f"[red]{escape(ended)}[/]",
         )
     console.print(table)
     for line in manifest["missing"]:
         console.print(f"[yellow]missing:[/] {escape(line)}")
+    for r in manifest["ranks"]:
+        if not r.get("missing") and r["outcome"] != "trace complete":
+            console.print(f"[yellow]rank {r['rank']}:[/] {escape(r['outcome'])}")
     status = manifest["status"]
     colour = "green" if status == "completed" else "red"
+    why = f": {manifest['exit_explanation']}" if manifest.get("exit_explanation") else ""
     console.print(
-        f"job [{colour}]{status}[/] (exit {manifest['exit_code']}); "
+        f"job [{colour}]{status}[/] (exit {manifest['exit_code']}){escape(why)}; "
         f"manifest: {escape(str(manifest_path))}"
     )

@@ -18,6 +18,7 @@ training step, when the process group exists.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -179,6 +180,7 @@ class RankCapture:
         self._key_optimizer: weakref.ref[Any] | None = None
         self._other_optimizers: set[int] = set()
         self._handles: list[Any] = []
+        self._fatal_file: Any = None  # kept open: faulthandler writes to its descriptor
         self.t_start = time.time()
         self.meta: dict[str, Any] = self._static_meta()
 
@@ -187,12 +189,30 @@ class RankCapture:
         """Write the first metadata, then wait for torch (or hook it now if already loaded)."""
         self._write_meta()
         self._event("started", pid=os.getpid())
+        self._record_fatal_signals()
         atexit.register(self.close)
         self._wrap_exit_paths()
         if "torch" in sys.modules:
             self._on_torch(sys.modules["torch"])
         else:
             sys.meta_path.insert(0, _AfterImport("torch", self._on_torch))
+
+    def _record_fatal_signals(self) -> None:
+        """Let Python's faulthandler write a rank's death by SIGABRT/SIGSEGV/... to a file the
+        manifest reads, so an abort after the trace was written (the gloo exit race, see
+        recprof/exit_race.py) is reported as exactly that. A job that enabled faulthandler
+        itself keeps its own setting."""
+        if faulthandler.is_enabled():
+            return
+        try:
+            self._fatal_file = layout.fatal_path(self.run_dir, self.rank).open("w")
+            faulthandler.enable(file=self._fatal_file, all_threads=True)
+        except (OSError, RuntimeError) as exc:
+            self._warn(f"fatal signals will not be recorded: {exc}")
+            return
+        # A forked DataLoader worker would inherit the handler and report its own crash as
+        # the rank's; it had no faulthandler before capture, so it has none now.
+        os.register_at_fork(after_in_child=faulthandler.disable)
 
     def _on_torch(self, torch: ModuleType) -> None:
         """Register the global step hooks and watch for a profiler the script starts itself."""

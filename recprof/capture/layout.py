@@ -50,6 +50,32 @@ def meta_path(run_dir: Path, rank: int) -> Path:
     return run_dir / META / f"rank{rank}.json"
 
 
+def fatal_path(run_dir: Path, rank: int) -> Path:
+    """Where a rank's fatal-signal report goes (Python's faulthandler writes it when the process
+    dies by SIGABRT, SIGSEGV, SIGFPE, SIGBUS or SIGILL, even during interpreter teardown)."""
+    return run_dir / META / f"rank{rank}.fatal.txt"
+
+
+# faulthandler's first line names the signal in words (CPython's faulthandler.c table).
+FATAL_SIGNALS = {
+    "Aborted": "SIGABRT",
+    "Segmentation fault": "SIGSEGV",
+    "Floating point exception": "SIGFPE",
+    "Bus error": "SIGBUS",
+    "Illegal instruction": "SIGILL",
+}
+
+
+def fatal_signal(run_dir: Path, rank: int) -> str | None:
+    """The signal a rank died by, from its faulthandler report, or None if it did not."""
+    try:
+        first = fatal_path(run_dir, rank).read_text(errors="replace").split("\n", 1)[0]
+    except OSError:
+        return None
+    words = first.removeprefix("Fatal Python error:").strip()
+    return FATAL_SIGNALS.get(words, words or None) if first.startswith("Fatal Python") else None
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write via a temporary file and rename, so a reader (or a kill) never sees half a file."""
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")

@@ -9,6 +9,7 @@ after crashes, early exits and Ctrl-C too. Written once before the job starts (s
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from pathlib import Path
@@ -73,6 +74,7 @@ def build_manifest(
         },
         "ranks": ranks,
         "missing": missing,
+        "exit_explanation": _exit_explanation(ranks, job),
         "analysis": None,
         "report": None,
     }
@@ -104,12 +106,14 @@ def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _rank_entry(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """One rank: its files, how far it got, and (if incomplete) what is missing and why."""
+    """One rank: its files, how far it got, how it ended, and (if incomplete) what is missing
+    and why. `outcome` says all of it in one sentence for the summary."""
     rank = meta["rank"]
     prof = meta.get("profiler", {})
     steps_file = layout.steps_path(run_dir, rank)
     steps_logged = _count_lines(steps_file)
     trace = prof.get("trace")
+    ended = _exit_record(meta.get("exit"), layout.fatal_signal(run_dir, rank), steps_logged)
     entry: dict[str, Any] = {
         "rank": rank,
         "host": meta.get("host"),
@@ -123,19 +127,85 @@ def _rank_entry(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "steps": str(steps_file.relative_to(run_dir)) if steps_file.exists() else None,
         "steps_logged": steps_logged,
         "meta": str(layout.meta_path(run_dir, rank).relative_to(run_dir)),
-        "exit": meta.get("exit"),
+        "exit": ended,
     }
-    reason = _missing_reason(meta, steps_logged)
+    reason = _missing_reason(meta, ended, steps_logged)
     if reason:
         entry["missing"] = reason
+    entry["outcome"] = reason or "trace complete" + _death_clause(ended)
     return entry
 
 
-def _missing_reason(meta: dict[str, Any], steps_logged: int) -> str | None:
+def _exit_record(
+    ended: dict[str, Any] | None, fatal: str | None, steps_logged: int
+) -> dict[str, Any] | None:
+    """How the rank ended. Its own exit record (written by Python's exit handlers) says
+    completed, exception, interrupted or SIGTERM; a fatal signal recorded by faulthandler wins,
+    and tells whether it came after those handlers (an abort at exit) or instead of them."""
+    if fatal is None:
+        return ended
+    number = getattr(signal.Signals, fatal, None)
+    code = 128 + number.value if number is not None else None
+    if ended is not None and ended.get("status") == "completed":
+        return {"status": "aborted_at_exit", "signal": fatal, "code": code}
+    if ended is not None:
+        return {**ended, "then": f"died by {fatal} at exit"}
+    return {"status": "fatal_signal", "signal": fatal, "code": code, "after_steps": steps_logged}
+
+
+def _death_clause(ended: dict[str, Any] | None) -> str:
+    """What followed a complete trace, when the rank did not simply exit."""
+    if not ended or ended.get("status") == "completed":
+        return ""
+    if ended["status"] == "aborted_at_exit":
+        return f"; the process aborted at exit ({ended['signal']})"
+    if ended["status"] == "fatal_signal":
+        return (f"; the process then died by {ended['signal']} after {ended['after_steps']} "
+                "steps, before its exit handlers ran")
+    if ended["status"] == "signal":
+        return f"; the process was then stopped by {ended.get('signal')}"
+    error = f" ({ended['error']})" if ended.get("error") else ""
+    return f"; the process then ended with {ended['status']}{error}"
+
+
+def _exit_explanation(ranks: list[dict[str, Any]], job: JobResult | None) -> str | None:
+    """Why a finished job's exit status is not 0, from the ranks' own records: how each rank
+    ended (ranks that ended the same way named together) and whether their traces survived."""
+    if job is None or job.returncode == 0:
+        return None
+    if job.forwarded:
+        return f"interrupted: capture received {', '.join(job.forwarded)} and passed it on"
+    causes: dict[str, list[int]] = {}
+    for r in ranks:
+        ended = r.get("exit") or {}
+        status = ended.get("status")
+        kept = ("after writing complete traces" if r["trace"] and not r.get("missing")
+                else "without complete traces")
+        if status == "aborted_at_exit":
+            cause = (f"aborted at exit ({ended['signal']}) {kept}: a crash in process teardown "
+                     "after training finished, not in training (see recprof/exit_race.py)")
+        elif status == "fatal_signal":
+            cause = f"died by {ended['signal']} after {ended['after_steps']} steps, {kept}"
+        elif status in ("exception", "interrupted"):
+            cause = f"ended with {status} ({ended.get('error', '')}), {kept}"
+        elif not ended:
+            cause = "ended without saving anything (SIGKILL, os._exit or a timeout)"
+        else:
+            continue
+        causes.setdefault(cause, []).append(r["rank"])
+    if not causes:
+        return ("the job's launcher reported a failure that no rank recorded (a rank stopped "
+                "by the launcher after another failed, or a failure outside the ranks)")
+    return "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {_ranges(rs)} {cause}"
+                     for cause, rs in causes.items())
+
+
+def _missing_reason(
+    meta: dict[str, Any], ended: dict[str, Any] | None, steps_logged: int
+) -> str | None:
     prof = meta.get("profiler", {})
     status = prof.get("status")
     first, last = meta.get("window_steps", [None, None])
-    ended = meta.get("exit")
     if status == "written":
         return None
     if status == "partial":
@@ -148,6 +218,9 @@ def _missing_reason(meta: dict[str, Any], steps_logged: int) -> str | None:
         )
     if status == "failed":
         return f"no trace: the profiler failed ({prof.get('error')})"
+    if ended is not None and ended.get("status") == "fatal_signal":
+        where = "while recording" if status == "recording" else f"after {steps_logged} steps"
+        return f"no trace: the rank died by {ended['signal']} {where}"
     if ended is None:
         where = "while recording" if status == "recording" else f"after {steps_logged} steps"
         return (

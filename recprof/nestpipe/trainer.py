@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from recprof.exit_race import avoid_gloo_exit_abort
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, make_loader
 from recprof.nestpipe.embedding import ShardedEmbeddings, Window
@@ -177,6 +178,7 @@ def init_distributed(cfg: TrainConfig) -> torch.device:
     """env:// under torchrun; a single in-process rank when launched without it."""
     use_nccl = cfg.backend == "nccl" or (cfg.backend == "auto" and torch.cuda.is_available())
     backend = "nccl" if use_nccl else "gloo"
+    avoid_gloo_exit_abort()  # before the group exists, or it outlives destroy_process_group
     if "RANK" in os.environ:
         dist.init_process_group(backend)
     else:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from job_failure import explain_job
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "examples" / "ddp_sharded_embedding.py"
 TINY_JOB = REPO_ROOT / "examples" / "capture_cases" / "tiny_job.py"
@@ -84,9 +86,11 @@ def alive(pid: int) -> bool:
 
 
 def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    """The tail of a capture run's output, for assertion messages."""
-    out, err = proc.stdout[-3000:], proc.stderr[-6000:]
-    return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+    """Why a capture run failed (capture's own explanation from the run's manifest, or the rank
+    and signal torchrun names), then the tail of its output, for assertion messages."""
+    args = [str(a) for a in proc.args]
+    run_dir = Path(args[args.index("--out") + 1]) if "--out" in args else None
+    return explain_job(proc, run_dir)
 
 
 def group_members(pgid: int) -> list[int]:
@@ -100,3 +104,19 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.append(int(stat.parent.name))
     return members
+
+
+def assert_finished(proc: subprocess.CompletedProcess[str]) -> None:
+    """The job ran to its end under capture. A rank that aborted at exit after its trace was
+    complete (the gloo exit race, recprof/exit_race.py) counts as finished: the crash is in the
+    job's own teardown, capture reported it as such, and every trace is whole. Anything else
+    fails with capture's explanation of what happened."""
+    if proc.returncode == 0:
+        return
+    args = [str(a) for a in proc.args]
+    run = Path(args[args.index("--out") + 1])
+    ranks = manifest(run)["ranks"] if (run / "manifest.json").exists() else []
+    exits = {(r.get("exit") or {}).get("status") for r in ranks}
+    whole = bool(ranks) and all(not r.get("missing") for r in ranks)
+    assert whole and "aborted_at_exit" in exits and exits <= {"completed", "aborted_at_exit"}, (
+        explain(proc))

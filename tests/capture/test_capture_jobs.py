@@ -21,6 +21,7 @@ from capture_helpers import (
     TINY_JOB,
     TORCHRUN,
     alive,
+    assert_finished,
     capture_cmd,
     explain,
     group_members,
@@ -55,7 +56,7 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
         "128",
     ]
     proc = run_capture(out, (2, 1, 3), *job, report=True)
-    assert proc.returncode == 0, explain(proc)
+    assert_finished(proc)
 
     traces = sorted((out / "traces").glob("*.pt.trace.json"))
     assert [t.name.split("_")[0] for t in traces] == ["rank0", "rank1"]
@@ -82,7 +83,8 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
         assert m["env"]["LOCAL_RANK"] == str(rank)
 
     man = manifest(out)
-    assert man["status"] == "completed" and man["exit_code"] == 0
+    assert man["exit_code"] == proc.returncode
+    assert man["status"] == ("completed" if proc.returncode == 0 else "failed")
     assert man["captured"] == {"traces": 2, "step_logs": 2, "meta": 2}
     assert man["missing"] == []
     assert all(r["trace_events"] > 100 for r in man["ranks"])
@@ -99,7 +101,7 @@ def test_work_on_helper_threads_is_recorded(tmp_path: Path) -> None:
     job = [*TORCHRUN, "2", "-m", "recprof.nestpipe", "--config", str(TINY_CONFIG),
            "--set", "dbp=true", "--set", "steps=8"]
     proc = run_capture(out, (2, 1, 3), *job)
-    assert proc.returncode == 0, explain(proc)
+    assert_finished(proc)
     for trace in sorted((out / "traces").glob("*.pt.trace.json")):
         _, events = trace_events(trace)
         main = {e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep")}
@@ -115,7 +117,7 @@ def test_job_without_optimizer_steps_on_the_outermost_forward(tmp_path: Path) ->
     proc = run_capture(
         out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6", "--no-optimizer"
     )
-    assert proc.returncode == 0, explain(proc)
+    assert_finished(proc)
     assert meta(out, 0)["step_source"] == "forward"
     # 6 forwards of the DDP wrapper are 6 boundaries: 5 complete steps (the last has no end)
     assert [s["step"] for s in step_log(out, 0)] == [0, 1, 2, 3, 4]
@@ -137,7 +139,7 @@ def test_custom_loop_with_recprof_step_in_a_plain_python_job(tmp_path: Path) -> 
         "--no-optimizer",
         "--manual-steps",
     )
-    assert proc.returncode == 0, explain(proc)
+    assert_finished(proc)
     m = meta(out, 0)
     assert m["step_source"] == "manual" and m["world_size"] == 1
     assert [s["step"] for s in step_log(out, 0)] == list(range(6))
@@ -180,7 +182,7 @@ def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) ->
     proc = run_capture(
         out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6", "--self-profile"
     )
-    assert proc.returncode == 0, explain(proc)
+    assert_finished(proc)
     assert "already enabled" not in proc.stderr
     assert "runs its own profiler" in proc.stderr
     assert list((out / "traces").iterdir()) == []
@@ -197,7 +199,7 @@ def test_job_that_exits_before_the_window(tmp_path: Path) -> None:
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=240, env=JOB_ENV, cwd=REPO_ROOT
     )
-    assert proc.returncode == 0, explain(proc)
+    assert_finished(proc)
     man = manifest(out)
     assert man["captured"]["traces"] == 0 and man["captured"]["step_logs"] == 1
     assert "before the window (steps 7-11)" in man["missing"][0]
@@ -234,3 +236,38 @@ def test_ctrl_c_is_forwarded_and_leaves_no_orphans(tmp_path: Path) -> None:
         assert m["exit"]["status"] in ("interrupted", "signal"), m["exit"]
         assert m["profiler"]["status"] == "partial"  # unwound through Python: trace saved
         assert not alive(m["pid"])
+
+
+@pytest.mark.parametrize(
+    ("switch", "status", "outcome"),
+    [
+        # the gloo exit race: every exit handler ran, then teardown aborted
+        ("--abort-at-exit", "aborted_at_exit",
+         "trace complete; the process aborted at exit (SIGABRT)"),
+        # os.abort() right after the training loop: no exit handler ran
+        ("--abort-after-loop", "fatal_signal",
+         "trace complete; the process then died by SIGABRT after 8 steps, before its exit "
+         "handlers ran"),
+    ],
+)
+def test_abort_after_the_last_step_keeps_traces_and_says_why(
+    tmp_path: Path, switch: str, status: str, outcome: str
+) -> None:
+    out = tmp_path / "run"
+    proc = run_capture(out, (1, 1, 3), *TORCHRUN, "2", str(TINY_JOB), "--steps", "8", switch,
+                       report=True)
+    assert proc.returncode != 0, explain(proc)  # capture's exit status follows the job's
+    man = manifest(out)
+    assert man["status"] == "failed" and man["exit_code"] == proc.returncode
+    assert man["captured"]["traces"] == 2 and man["missing"] == []
+    for rank in man["ranks"]:
+        assert rank["exit"]["status"] == status and rank["exit"]["signal"] == "SIGABRT"
+        assert rank["exit"]["code"] == 134
+        assert rank["outcome"] == outcome
+        assert profiler_steps(trace_events(out / rank["trace"])[1]) == [2, 3, 4]
+    assert man["exit_explanation"].startswith("ranks 0-1 ")
+    assert "SIGABRT" in man["exit_explanation"] and "complete traces" in man["exit_explanation"]
+    summary = " ".join(proc.stderr.split())
+    assert f"rank 0: {outcome}" in summary
+    assert "job failed (exit 1): ranks 0-1 " in summary
+    assert (out / "report.html").stat().st_size > 0 and (out / "analysis.json").exists()

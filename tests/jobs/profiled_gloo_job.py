@@ -3,6 +3,7 @@
 Each step does some dense compute, an `all_to_all_single` of embedding-sized rows and an
 `all_reduce` of gradient-sized tensors, under `ProfilerStep#N`, like a sharded-embedding job.
 Usage: torchrun --standalone --nproc_per_node 2 tests/jobs/profiled_gloo_job.py OUT_DIR
+       [--unprotected]   (leave out recprof.exit_race: the control of benchmarks/exit_aborts.py)
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from recprof.exit_race import avoid_gloo_exit_abort
 
-def main(out_dir: Path) -> None:
+
+def main(out_dir: Path, protected: bool = True) -> None:
+    if protected:
+        avoid_gloo_exit_abort()  # without it, 1 run in 10 aborted at exit (recprof/exit_race.py)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
@@ -40,4 +45,4 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), protected="--unprotected" not in sys.argv[2:])

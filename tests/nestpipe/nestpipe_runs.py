@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from job_failure import explain_job
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "configs" / "tiny.yaml"
@@ -67,7 +68,7 @@ def torchrun(nproc: int, *args: str) -> list[str]:
 
 
 def check(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, explain_job(proc)
 
 
 class Runs:
