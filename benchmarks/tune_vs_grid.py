@@ -35,8 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from recprof.nestpipe.knobs import divisors, knobs_key, knobs_label  # noqa: E402
 from tuner.runner import TrialRunner  # noqa: E402
-from tuner.space import divisors, knobs_key, knobs_label, load_space  # noqa: E402
+from tuner.space import load_space  # noqa: E402
 from tuner.study import TuneSettings, run_tuning  # noqa: E402
 from tuner.trainer import (  # noqa: E402
     Launch,

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from recprof.nestpipe.knobs import BYTES, OVERLAP, acting_on
+
 # Below this share of the step, shaving the thing a knob attacks cannot move throughput by
 # more than the run-to-run noise of a CPU/GPU trial.
 HIDDEN_COMM_FRAC = 0.03
 NOTHING_TO_OVERLAP_FRAC = 0.05
 
-# What each knob attacks.
-BYTE_KNOBS = ("qcomms", "reshape")  # fewer bytes on the wire
-OVERLAP_KNOBS = ("micro_batches", "dbp", "clustering")  # hide communication/copies behind compute
+# What each rule prunes, from the knob registry: knobs that cut bytes by changing the numbers
+# sent (they can only cost quality once communication is hidden), and knobs that hide
+# communication or copies behind compute.
+LOSSY_BYTE_KNOBS = acting_on(BYTES, lossy=True)
+OVERLAP_KNOBS = acting_on(OVERLAP)
 
 
 def prune_knobs(baseline: Mapping[str, float] | None, searched: list[str]) -> dict[str, str]:
@@ -33,7 +37,7 @@ def prune_knobs(baseline: Mapping[str, float] | None, searched: list[str]) -> di
             f"{exposed:.1%} of the step (exposed ratio {ratio:.0%}), under {HIDDEN_COMM_FRAC:.0%}, "
             f"so sending fewer bytes cannot shorten the step and would only risk quality"
         )
-        pruned.update({k: why for k in BYTE_KNOBS if k in searched})
+        pruned.update({k: why for k in LOSSY_BYTE_KNOBS if k in searched})
     stall = exposed + baseline.get("exposed_copy_frac", 0.0) + baseline.get("idle_frac", 0.0)
     if stall < NOTHING_TO_OVERLAP_FRAC:
         why = (

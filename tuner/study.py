@@ -29,22 +29,21 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof.errors import RecprofError
-from tuner.progress import TuneProgress
-from tuner.pruning import prune_knobs
-from tuner.recommend import Recommendation, recommend, write_recommendation
-from tuner.report import write_tuning_report
-from tuner.runner import TrialOutcome, TrialRunner, capture_available, capture_window
-from tuner.space import (
+from recprof.nestpipe.knobs import (
     JobShape,
     Knobs,
-    SearchSpace,
     canonical,
     invalid_reason,
     is_lossy,
     knobs_key,
     knobs_label,
-    load_space,
 )
+from tuner.progress import TuneProgress
+from tuner.pruning import prune_knobs
+from tuner.recommend import Recommendation, recommend, write_recommendation
+from tuner.report import write_tuning_report
+from tuner.runner import TrialOutcome, TrialRunner, capture_available, capture_window
+from tuner.space import SearchSpace, load_space
 from tuner.storage import resolve_storage
 from tuner.trainer import Launch, job_shape, load_base_config, trial_config, write_config
 

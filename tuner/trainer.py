@@ -19,7 +19,7 @@ import yaml
 
 from recprof.errors import RecprofError
 from recprof.nestpipe.config import read_config_file
-from tuner.space import JobShape
+from recprof.nestpipe.knobs import JobShape
 
 # Config keys that may hold the embedding dimension (reshape k must divide it); the contract
 # leaves model sizes to the trainer, so the check is skipped when none is present.

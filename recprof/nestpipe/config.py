@@ -2,7 +2,9 @@
 
 The keys are flat on purpose: the tuner and the report's findings address knobs by bare name
 (`qcomms=fp16`, `hsp_groups=2`), so a key is the same string in a file, on the command line and
-in `summary.json`. Every problem is a `RecprofError` whose message starts with the key.
+in `summary.json`. The knob keys themselves (their types, defaults and validity) come from the
+knob registry (recprof/nestpipe/knobs.py), which the tuner reads too. Every problem is a
+`RecprofError` whose message starts with the key.
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ from typing import Any
 import yaml
 
 from recprof.errors import RecprofError
+from recprof.nestpipe.knobs import KNOBS, JobShape, problems
 
-QCOMMS_CHOICES = ("fp32", "bf16", "fp16", "fp8")
-SHARDING_CHOICES = ("row", "table")
 BACKEND_CHOICES = ("auto", "gloo", "nccl")
 DATA_CHOICES = ("synthetic", "tsv")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
-MAX_MICRO_BATCHES = 128  # routed keys carry a micro-batch index in 7 bits (embedding.py)
+
+
+def _with_knob_fields(cls: type) -> type:
+    """Add one field per registry knob (its type, its baseline as the default) before
+    @dataclass reads the class, so a knob is declared once, in the registry."""
+    for knob in KNOBS.values():
+        cls.__annotations__[knob.name] = knob.kind.__name__
+        setattr(cls, knob.name, knob.baseline)
+    return cls
 
 
 @dataclass
+@_with_knob_fields
 class TrainConfig:
     """Every key the trainer accepts, with defaults that train a small model on CPU."""
 
@@ -58,17 +68,14 @@ class TrainConfig:
     dense_lr: float = 0.05
     embedding_lr: float = 0.05
     adagrad_eps: float = 1e-8
-    # the knobs (contract names)
-    hsp_groups: int = 1
-    qcomms: str = "fp32"
-    reshape: int = 1
-    sharding: str = "row"
-    fuse_tables: bool = True
-    micro_batches: int = 1
-    dbp: bool = False
-    clustering: bool = False
     # runtime
     backend: str = "auto"
+    # ... and one field per knob of recprof/nestpipe/knobs.py (micro_batches, hsp_groups,
+    # qcomms, reshape, dbp, clustering, sharding, fuse_tables), added by _with_knob_fields.
+
+    def knobs(self) -> dict[str, Any]:
+        """The registry knobs' values in this config."""
+        return {name: getattr(self, name) for name in KNOBS}
 
     def table_rows(self) -> list[int]:
         """Rows per table after reshape: capacity kept, so rows grow by the factor k."""
@@ -175,17 +182,12 @@ def _require(ok: bool, key: str, problem: str) -> None:
 def validate(cfg: TrainConfig, world_size: int) -> None:
     """Check the values against each other and against the job shape; raise on the first problem."""
     for key in ("steps", "batch_size", "num_features", "num_tables", "embedding_dim",
-                "vocab_size", "bag_size", "hsp_groups", "reshape", "micro_batches",
-                "num_dense"):
+                "vocab_size", "bag_size", "num_dense"):
         _require(getattr(cfg, key) >= 1, key, f"must be >= 1, got {getattr(cfg, key)}")
     for key in ("warmup_steps", "eval_batches", "num_workers"):
         _require(getattr(cfg, key) >= 0, key, f"must be >= 0, got {getattr(cfg, key)}")
     _require(cfg.warmup_steps < cfg.steps, "warmup_steps",
              f"must be < steps ({cfg.steps}) to leave a steady window, got {cfg.warmup_steps}")
-    _require(cfg.qcomms in QCOMMS_CHOICES, "qcomms",
-             f"must be one of {'|'.join(QCOMMS_CHOICES)}, got {cfg.qcomms!r}")
-    _require(cfg.sharding in SHARDING_CHOICES, "sharding",
-             f"must be one of {'|'.join(SHARDING_CHOICES)}, got {cfg.sharding!r}")
     _require(cfg.backend in BACKEND_CHOICES, "backend",
              f"must be one of {'|'.join(BACKEND_CHOICES)}, got {cfg.backend!r}")
     _require(cfg.data in DATA_CHOICES, "data",
@@ -203,16 +205,10 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     _require(all(n >= 1 for n in cfg.table_rows()), "num_embeddings", "every table needs >= 1 row")
     _require(cfg.num_tables <= cfg.num_features, "num_tables",
              f"must be <= num_features ({cfg.num_features}): every table needs a feature")
-    _require(cfg.embedding_dim % cfg.reshape == 0, "reshape",
-             f"must divide embedding_dim ({cfg.embedding_dim}), got {cfg.reshape}")
     _require(all(n >= 1 for n in cfg.bottom_mlp + cfg.top_mlp), "bottom_mlp",
              "layer widths must be >= 1")
-    _require(world_size % cfg.hsp_groups == 0, "hsp_groups",
-             f"must divide the world size ({world_size}), got {cfg.hsp_groups}")
     _require(cfg.batch_size % world_size == 0, "batch_size",
              f"must be a multiple of the world size ({world_size}), got {cfg.batch_size}")
-    local = cfg.batch_size // world_size
-    _require(cfg.micro_batches <= local, "micro_batches",
-             f"must be <= the per-rank batch ({local}), got {cfg.micro_batches}")
-    _require(cfg.micro_batches <= MAX_MICRO_BATCHES, "micro_batches",
-             f"must be <= {MAX_MICRO_BATCHES}, got {cfg.micro_batches}")
+    shape = JobShape(world_size, cfg.batch_size, cfg.embedding_dim)
+    for problem in problems(cfg.knobs(), shape):
+        raise RecprofError(problem.config_error())

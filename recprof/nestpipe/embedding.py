@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from recprof.nestpipe.config import MAX_MICRO_BATCHES, TrainConfig
+from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import Batch
+from recprof.nestpipe.knobs import MAX_MICRO_BATCHES
 from recprof.nestpipe.qcomms import Codec
 from recprof.nestpipe.sharding import Groups, Layout
 

@@ -7,15 +7,8 @@ from pathlib import Path
 import pytest
 
 from recprof.errors import RecprofError
-from tuner.space import (
-    JobShape,
-    canonical,
-    default_space,
-    divisors,
-    invalid_reason,
-    knobs_key,
-    load_space,
-)
+from recprof.nestpipe.knobs import JobShape, canonical, divisors, invalid_reason, knobs_key
+from tuner.space import default_space, load_space
 
 SHAPE = JobShape(world_size=4, global_batch=48, embedding_dim=8)  # per-rank batch 12
 

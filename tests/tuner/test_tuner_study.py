@@ -12,9 +12,9 @@ from optuna.trial import TrialState
 from rich.console import Console
 from tuner_helpers import BASE_CONFIG, load, write_yaml
 
+from recprof.nestpipe.knobs import BASELINE
 from tuner.progress import TuneProgress
 from tuner.runner import TrialOutcome, TrialRunner
-from tuner.space import BASELINE
 from tuner.study import Tuner, TuneSettings, run_tuning
 
 FULL = {"fail": "none", "qcomms": "bf16", "micro_batches": 4, "hsp_groups": 2, "dbp": True}
