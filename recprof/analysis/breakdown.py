@@ -71,8 +71,17 @@ def step_metrics(unions: ClassUnions, window: Window) -> StepMetrics:
 
 
 def sum_metrics(steps: list[StepMetrics]) -> StepMetrics:
+    """Every metric summed over `steps` (the earliest start is kept)."""
     total = StepMetrics(number=None, start_us=steps[0].start_us if steps else 0.0)
     for s in steps:
         for name in METRICS:
             setattr(total, name, getattr(total, name) + getattr(s, name))
     return total
+
+
+def mean_metrics(total: StepMetrics, count: int) -> StepMetrics:
+    """`total` divided by `count`: the per-step mean of a sum over `count` steps (or ranks)."""
+    mean = StepMetrics(number=None, start_us=total.start_us)
+    for name in METRICS:
+        setattr(mean, name, getattr(total, name) / count)
+    return mean

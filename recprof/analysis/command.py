@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from recprof import units
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.pipeline import analyze_paths
 from recprof.analysis.windows import parse_step_spec
@@ -22,7 +24,9 @@ def analyze(
         help="Trace files (.json, .json.gz) or folders holding them; one folder may hold "
              "several jobs.", show_default=False)],
     json_out: Annotated[Path | None, typer.Option(
-        "--json", help="Also write the full analysis (schema recprof.analysis/1) here.")] = None,
+        "--json", help="Also write the full analysis (schema recprof.analysis/2: per-rank "
+                       "breakdowns, collectives, skew, findings, verdict) here; `-` writes it to "
+                       "standard output and the summary to standard error.")] = None,
     steps: Annotated[str | None, typer.Option(
         help="Only these ProfilerStep numbers: 5, 4-6 or 4,6-8. Default: every step.")] = None,
 ) -> None:
@@ -31,7 +35,8 @@ def analyze(
 
     Example: recprof analyze ../shared/traces/torchrec_pr1460/trace/sst_long_a2a_optimizer
     """
-    console = Console()
+    to_stdout = json_out is not None and str(json_out) == "-"
+    console = Console(stderr=to_stdout)
     err = Console(stderr=True, soft_wrap=True)
     chosen = parse_step_spec(steps)
     with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
@@ -49,12 +54,16 @@ def analyze(
     if len(result.warnings) > 50:
         err.print(f"[yellow]... {len(result.warnings) - 50} more warnings (see --json)[/]")
     print_summary(result, console)
-    if json_out is not None:
+    if to_stdout:
+        sys.stdout.buffer.write(result.to_json() + b"\n")
+        sys.stdout.flush()
+    elif json_out is not None:
         write_json(result, json_out)
         console.print(f"analysis written to [bold]{escape(str(json_out))}[/]")
 
 
 def write_json(result: AnalysisResult, path: Path) -> None:
+    """Write the analysis document to `path` (its folder is made if needed)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(result.to_json())
@@ -63,11 +72,11 @@ def write_json(result: AnalysisResult, path: Path) -> None:
 
 
 def _ms(us: float) -> str:
-    return f"{us / 1000:.1f}"
+    return units.ms_cell(us, digits=1)
 
 
 def _pct(part: float, whole: float) -> str:
-    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+    return units.percent(part, whole, digits=1)
 
 
 MAX_RANK_ROWS = 64
@@ -92,11 +101,11 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
                      "D2H/D2D copies and memsets not under compute; wait ms = per step, "
                      "waiting for later ranks at collectives")
     for rank in job.ranks[:MAX_RANK_ROWS]:
-        t, n = rank.totals, max(len(rank.steps), 1)
+        t = rank.per_step
         other_copies = t.exposed_copy_d2h + t.exposed_copy_d2d + t.exposed_other
         table.add_row(
             str(rank.rank) + ("*" if rank.rank_inferred else ""), str(len(rank.steps)),
-            _ms(t.step / n), _pct(t.compute, t.step), _pct(t.exposed_comm, t.step),
+            _ms(t.step), _pct(t.compute, t.step), _pct(t.exposed_comm, t.step),
             _pct(t.hidden_comm, t.step), _pct(t.exposed_copy_h2d, t.step),
             _pct(other_copies, t.step), _pct(t.idle, t.step),
             _ms(job.skew.wait_us_per_step_by_rank.get(rank.rank, 0.0)),
@@ -120,3 +129,28 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
                       f"{_ms(top.exposed_us)} ms exposed{size}")
     if any(r.rank_inferred for r in job.ranks):
         console.print("  * rank inferred (the trace has no distributedInfo rank)")
+    _print_findings(job, console)
+
+
+#: Findings printed in full in the terminal; the rest are listed by title (all are in --json
+#: and in the report).
+MAX_FINDINGS_SHOWN = 3
+
+
+def _print_findings(job: JobAnalysis, console: Console) -> None:
+    """The verdict, then each finding: what it costs, the knobs, the commands."""
+    console.print(f"  [bold]verdict:[/] {escape(job.verdict)}", highlight=False)
+    for i, f in enumerate(job.findings, start=1):
+        gain = (f"up to {units.duration(f.recoverable_us_per_step)} per step "
+                f"({100 * f.recoverable_fraction:.0f}% of the step)")
+        if i > MAX_FINDINGS_SHOWN:
+            console.print(f"  {i}. [{f.severity}] {escape(f.title)}: {gain}", highlight=False)
+            continue
+        console.print(f"  {i}. [bold]{escape(f.title)}[/] ({f.severity}): {gain}",
+                      highlight=False)
+        for line in f.evidence:
+            console.print(f"     - {escape(line)}", highlight=False)
+        if f.knobs:
+            console.print(f"     knobs: {escape(', '.join(f.knobs))}", highlight=False)
+        for command in f.commands:
+            console.print(f"     $ {escape(command)}", highlight=False, soft_wrap=True)

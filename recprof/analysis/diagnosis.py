@@ -22,7 +22,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from recprof import units
 from recprof.analysis import idle
+from recprof.analysis.model import Finding
+from recprof.nestpipe.knobs import searched_by_default
 
 if TYPE_CHECKING:
     from recprof.analysis.model import JobAnalysis
@@ -71,9 +74,8 @@ EMBEDDING_KINDS = frozenset({"all_to_all", "all_to_allv", "send_recv"})
 DATA_CAUSES = frozenset({"data_loading"})
 LAUNCH_CAUSES = frozenset({"host_bound_launch"})
 
-#: Knobs the tuner searches by default (issue 7); others must be set in the base config.
-TUNER_DEFAULT_SPACE = frozenset({"micro_batches", "hsp_groups", "qcomms", "reshape", "dbp",
-                                 "clustering"})
+#: Knobs the tuner searches by default; others must be set in the base config.
+TUNER_DEFAULT_SPACE = frozenset(searched_by_default())
 
 
 # --- the normalised view the rules read ----------------------------------------------------
@@ -143,27 +145,6 @@ class JobFacts:
         return _mean(getattr(r, name) for r in self.ranks)
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosed bottleneck with what it costs and what to try.
-
-    `headline` is the plain-words sentence the report's verdict uses; `evidence` holds this
-    job's numbers; `knobs` are contract names; `tune_command` is a runnable command line.
-    """
-
-    id: str
-    title: str
-    headline: str
-    evidence: list[str]
-    estimate: str
-    recoverable_us_per_step: float
-    recoverable_fraction: float
-    knobs: list[str]
-    tune_command: str | None
-    severity: str
-    advice: str = ""
-
-
 # --- helpers ---------------------------------------------------------------------------------
 
 
@@ -172,19 +153,8 @@ def _mean(values: Iterable[float]) -> float:
     return sum(items) / len(items) if items else 0.0
 
 
-def _ms(us: float) -> str:
-    """Human time: ms with sensible precision, seconds past 10 s... of a step."""
-    if us >= 1_000_000:
-        return f"{us / 1e6:.2f} s"
-    if us >= 10_000:
-        return f"{us / 1e3:.0f} ms"
-    if us >= 1000:
-        return f"{us / 1e3:.1f} ms"
-    return f"{us / 1e3:.2f} ms"
-
-
-def _pct(part: float, whole: float) -> float:
-    return 100.0 * part / whole if whole > 0 else 0.0
+_ms = units.duration
+_pct = units.share
 
 
 def _severity(fraction: float) -> str:
@@ -223,10 +193,11 @@ def _finding(facts: JobFacts, *, id: str, title: str, headline: str, evidence: l
     # some waiting twice, and ranking by it would overstate the finding.
     recoverable_us = min(recoverable_us, facts.step_us)
     fraction = recoverable_us / facts.step_us if facts.step_us > 0 else 0.0
+    command = tune_command(facts, knobs)
     return Finding(
         id=id, title=title, headline=headline, evidence=evidence, estimate=estimate,
         recoverable_us_per_step=recoverable_us, recoverable_fraction=fraction, knobs=knobs,
-        tune_command=tune_command(facts, knobs), severity=_severity(fraction), advice=advice,
+        commands=[command] if command else [], severity=_severity(fraction), advice=advice,
     )
 
 
@@ -449,10 +420,14 @@ def rule_exposed_h2d(facts: JobFacts) -> Finding | None:
                   f"step ({_ms(exposed)} per step)"),
         evidence=[f"exposed H2D copy {_ms(exposed)} per step, mean over ranks "
                   f"({_pct(exposed, step):.1f}% of a {_ms(step)} step)"],
-        estimate=(f"copying the next batch on its own stream while this one computes (DBP) "
+        estimate=(f"copying the next batch while this one computes (DBP's prefetch thread) "
                   f"hides up to {_ms(exposed)} per step"),
         recoverable_us=exposed, knobs=["dbp", "pin_memory", "num_workers"],
-        advice="dbp=true prefetches into pinned memory and copies on a separate stream.",
+        advice=("dbp=true loads the next batch (pinned by the DataLoader with pin_memory=true) "
+                "and issues its non-blocking copy from a prefetch thread while this batch "
+                "computes. The copy goes to the default CUDA stream (there is no dedicated "
+                "copy stream yet): it hides the host's loading, but on a GPU it queues behind "
+                "the compute kernels already on that stream."),
     )
 
 
@@ -509,6 +484,26 @@ def diagnose(job: JobAnalysis) -> list[Finding]:
     return diagnose_facts(job_facts(job))
 
 
+def verdict(job: JobAnalysis, found: list[Finding]) -> str:
+    """The single largest bottleneck in plain words, with ms/step and % of the step.
+
+    The top finding's headline leads; a straggler finding that is not on top but still
+    significant is added, because "who the others wait for" changes what to fix first. With
+    no finding, what the step is made of.
+    """
+    step = job.per_step.step
+    if not found:
+        compute = job.per_step.compute
+        return (f"Nothing wrong above the thresholds: compute fills {_pct(compute, step):.0f}% "
+                f"of a {_ms(step)} step ({_ms(compute)} per step).")
+    top = found[0]
+    text = top.headline[0].upper() + top.headline[1:]
+    straggler = next((f for f in found[1:] if f.id == "straggler"), None)
+    if straggler is not None and straggler.severity != "low":
+        text += f"; {straggler.headline}"
+    return text + "."
+
+
 _CAUSE_GROUP = {
     idle.DATA_LOADING: "data_loading",
     idle.HOST_BOUND_LAUNCH: "host_bound_launch",
@@ -536,16 +531,15 @@ def job_facts(job: JobAnalysis) -> JobFacts:
     ranks: list[RankFacts] = []
     for r in job.ranks:
         n = max(len(r.steps), 1)
-        t = r.totals
+        m = r.per_step
         by_cause: dict[str, float] = {}
         for cause, us in r.idle_gaps.by_cause_us.items():
             group = idle_cause_group(cause)
             by_cause[group] = by_cause.get(group, 0.0) + us / n
         ranks.append(RankFacts(
-            rank=r.rank, step_us=t.step / n, compute_us=t.compute / n, comm_us=t.comm / n,
-            exposed_comm_us=t.exposed_comm / n, hidden_comm_us=t.hidden_comm / n,
-            exposed_h2d_us=t.exposed_copy_h2d / n, idle_us=t.idle / n,
-            idle_by_cause_us=by_cause,
+            rank=r.rank, step_us=m.step, compute_us=m.compute, comm_us=m.comm,
+            exposed_comm_us=m.exposed_comm, hidden_comm_us=m.hidden_comm,
+            exposed_h2d_us=m.exposed_copy_h2d, idle_us=m.idle, idle_by_cause_us=by_cause,
         ))
     rank_steps = max(sum(max(len(r.steps), 1) for r in job.ranks), 1)
 
@@ -564,9 +558,6 @@ def job_facts(job: JobAnalysis) -> JobFacts:
 
     collectives: list[CollectiveFacts] = []
     for c in job.collectives:
-        bytes_per_step = None
-        if c.bytes and c.sized_count:
-            bytes_per_step = c.bytes * (c.count / c.sized_count) / rank_steps
         small = [p for p in samples_by_key.get((c.kind, c.process_group), [])
                  if p[0] < SMALL_MESSAGE_BYTES and (p[3] or p[2] <= SMALL_MESSAGE_MAX_US)]
         small_median = _percentile([p[0] for p in small], 0.5)
@@ -576,9 +567,9 @@ def job_facts(job: JobAnalysis) -> JobFacts:
             large_bw = _percentile([p[1] for p in by_kind.get(c.kind, []) if p[0] >= floor],
                                    0.9)
         collectives.append(CollectiveFacts(
-            kind=c.kind, group=c.process_group, count_per_step=c.count / rank_steps,
-            total_us_per_step=c.total_us / rank_steps,
-            exposed_us_per_step=c.exposed_us / rank_steps, bytes_per_step=bytes_per_step,
+            kind=c.kind, group=c.process_group, count_per_step=c.count_per_step,
+            total_us_per_step=c.total_us_per_step,
+            exposed_us_per_step=c.exposed_us_per_step, bytes_per_step=c.bytes_per_step,
             small_count_per_step=len(small) / rank_steps,
             small_us_per_step=sum(p[2] for p in small) / rank_steps,
             small_bytes_per_step=sum(p[0] for p in small) / rank_steps,

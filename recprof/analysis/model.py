@@ -1,8 +1,14 @@
-"""The analysis results: plain, JSON-serialisable dataclasses (schema `recprof.analysis/1`).
+"""The analysis results: plain, JSON-serialisable dataclasses (schema `recprof.analysis/2`).
 
 These are the only thing the report, capture and the tuner read; nothing downstream opens a
-trace file. All times are microseconds; absolute times are Kineto's epoch-based clock
+trace file or recomputes a number: the per-step means, the findings and the verdict are
+computed here once. All times are microseconds; absolute times are Kineto's epoch-based clock
 (`baseTimeNanoseconds/1000 + ts`), so ranks of one job line up.
+
+"Per step" has one definition: a rank's `per_step` is the mean of each metric over the steps
+analysed on that rank; a job's `per_step` is the mean of its ranks' `per_step` (every rank
+weighs the same, whatever its number of steps), and every "ms per step" in recprof is one of
+these two.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ import orjson
 from recprof import __version__
 from recprof.errors import RecprofError
 
-SCHEMA = "recprof.analysis/1"
+SCHEMA = "recprof.analysis/2"
+#: Older documents that still load; what they lack (per-step means, findings, the verdict) is
+#: computed from what they hold when they are read.
+READABLE_SCHEMAS = (SCHEMA, "recprof.analysis/1")
 
 # The breakdown fields in the order tables show them. compute + exposed_* + idle == step.
 METRICS = (
@@ -107,6 +116,8 @@ class RankAnalysis:
     timeline: Timeline | None
     collectives: list[RankCollective] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: Mean of each metric over this rank's steps (see the module docstring).
+    per_step: StepMetrics = field(default_factory=lambda: StepMetrics(None, 0.0))
 
 
 @dataclass
@@ -124,6 +135,12 @@ class CollectiveStats:
     algbw_gbps: float | None
     busbw_gbps: float | None
     group_size: int
+    # Per step (the module docstring's definition: mean over ranks of each rank's per-step
+    # value), filled when the job is summarised.
+    count_per_step: float = 0.0
+    total_us_per_step: float = 0.0
+    exposed_us_per_step: float = 0.0
+    bytes_per_step: float | None = None  # mean message bytes x messages per step
 
 
 @dataclass
@@ -190,6 +207,34 @@ class SkewAnalysis:
 
 
 @dataclass
+class Finding:
+    """One diagnosed bottleneck: what it costs, the evidence, and what to change.
+
+    `headline` is the plain-words sentence the verdict uses; `evidence` holds this job's
+    numbers; `knobs` are the knobs to turn (contract names); `commands` are command lines that
+    run as printed. `recoverable_us_per_step` is an upper bound computed from this job's own
+    numbers (docs/diagnosis.md says how, rule by rule).
+    """
+
+    id: str
+    title: str
+    headline: str
+    severity: str  # high | medium | low, by recoverable share of the step
+    recoverable_us_per_step: float
+    recoverable_fraction: float
+    evidence: list[str]
+    estimate: str
+    advice: str = ""
+    knobs: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+
+    @property
+    def tune_command(self) -> str | None:
+        """The `recprof tune` line among the commands, if any."""
+        return next((c for c in self.commands if c.startswith("recprof tune")), None)
+
+
+@dataclass
 class JobAnalysis:
     id: str
     world_size: int | None
@@ -203,6 +248,12 @@ class JobAnalysis:
     skew: SkewAnalysis
     steps_analysed: list[int]
     warnings: list[str] = field(default_factory=list)
+    #: Mean over ranks of the ranks' `per_step` (see the module docstring).
+    per_step: StepMetrics = field(default_factory=lambda: StepMetrics(None, 0.0))
+    #: Findings ranked by recoverable time per step, largest first, and the verdict: the
+    #: largest bottleneck in one sentence (or what the step is made of when nothing fired).
+    findings: list[Finding] = field(default_factory=list)
+    verdict: str = ""
 
 
 @dataclass
@@ -250,10 +301,18 @@ def load_analysis_json(path: Path) -> AnalysisResult:
         raise RecprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except orjson.JSONDecodeError as exc:
         raise RecprofError(f"{path}: invalid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") not in READABLE_SCHEMAS:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise RecprofError(f"{path}: not a recprof analysis (schema {found!r}, want {SCHEMA!r})")
+        raise RecprofError(f"{path}: not a recprof analysis (schema {found!r}, want "
+                           f"{' or '.join(map(repr, READABLE_SCHEMAS))})")
     try:
-        return _decode(AnalysisResult, doc)
+        result = _decode(AnalysisResult, doc)
     except (KeyError, TypeError, ValueError) as exc:
         raise RecprofError(f"{path}: malformed analysis document ({exc})") from None
+    if doc["schema"] != SCHEMA:
+        from recprof.analysis.summary import summarize_job
+
+        for job in result.jobs:
+            summarize_job(job)
+        result.schema = SCHEMA
+    return result

@@ -23,15 +23,20 @@ from recprof.analysis.idle import idle_gaps
 from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
 from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis
 from recprof.analysis.skew import analyze_skew
-from recprof.analysis.timeline import build_timeline, representative_window
+from recprof.analysis.summary import summarize_job
+from recprof.analysis.timeline import (
+    MAX_TIMELINE_RANKS,
+    build_timeline,
+    choose_timeline_ranks,
+    evenly_spaced,
+    representative_window,
+)
 from recprof.analysis.windows import step_windows
 from recprof.errors import RecprofError
 from recprof.trace import build_rank_trace, read_trace
 from recprof.trace.model import TraceHeader
 from recprof.trace.reader import TraceFileError, is_trace_file
 
-# Ranks whose timeline is kept (plus the straggler's); a report cannot show a thousand lanes.
-TIMELINE_RANKS = 16
 # A process pool costs ~0.1 s to start and ship results back; below this much trace it loses.
 PARALLEL_FROM_BYTES = 24 << 20
 
@@ -147,8 +152,11 @@ def _collect(results, files: list[Path], outcomes: list[RankOutcome], errors: li
         if isinstance(result, str):
             errors.append(result)
         else:
-            rank = result.header.rank
-            if rank is not None and rank >= TIMELINE_RANKS:
+            # Until the job is assembled only the evenly spaced ranks, which the world size
+            # predicts, keep their timeline; the others the choice needs are rebuilt then.
+            rank, world = result.header.rank, result.header.world_size
+            if rank is not None and world and rank not in evenly_spaced(
+                    list(range(world)), MAX_TIMELINE_RANKS):
                 result.analysis.timeline = None
             outcomes.append(result)
         if progress:
@@ -183,9 +191,8 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) ->
         stats, samples = job_collectives(records, groups, world or len(analyses), waits)
         for analysis in analyses:
             analysis.collectives = rank_collectives(records[analysis.rank], waits, analysis.rank)
-        _ensure_straggler_timeline(analyses, skew.straggler_rank, steps)
         device_names = sorted({n for i in members for n in headers[i].device_names})
-        jobs.append(JobAnalysis(
+        job = summarize_job(JobAnalysis(
             id=job_id([headers[i].path for i in members], taken_ids),
             world_size=world,
             backend=first.backend,
@@ -200,12 +207,19 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) ->
                                    if s.number is not None}),
             warnings=warnings,
         ))
+        _keep_chosen_timelines(job, steps)
+        jobs.append(job)
     return jobs
 
 
-def _ensure_straggler_timeline(analyses: list[RankAnalysis], straggler: int | None,
-                               steps: frozenset[int] | None) -> None:
-    """The straggler's timeline is the one a reader wants most; rebuild it if it was dropped."""
-    for analysis in analyses:
-        if analysis.rank == straggler and analysis.timeline is None:
-            analysis.timeline = analyze_rank_file(Path(analysis.file), steps).analysis.timeline
+def _keep_chosen_timelines(job: JobAnalysis, steps: frozenset[int] | None) -> None:
+    """Keep the timelines of the ranks `choose_timeline_ranks` picks among all the job's ranks
+    (rebuilding one that was dropped, such as the straggler's) and drop the others."""
+    chosen = set(choose_timeline_ranks({r.rank: r.per_step.step for r in job.ranks},
+                                       job.skew.straggler_rank))
+    for analysis in job.ranks:
+        if analysis.rank not in chosen:
+            analysis.timeline = None
+        elif analysis.timeline is None:
+            rebuilt = analyze_rank_file(Path(analysis.file), steps).analysis
+            analysis.timeline = rebuilt.timeline

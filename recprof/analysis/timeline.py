@@ -17,6 +17,9 @@ from recprof.trace.vocabulary import COLLECTIVE_KINDS
 
 MAX_TIMELINE_EVENTS = 1500
 MAX_NAME = 160
+#: Ranks whose timeline a job keeps (a report cannot show a thousand lanes): the straggler,
+#: the slowest and the fastest step, then evenly spaced ranks (`choose_timeline_ranks`).
+MAX_TIMELINE_RANKS = 16
 _CATEGORY = {
     ActivityClass.COMPUTE: "compute",
     ActivityClass.COMM: "comm",
@@ -25,6 +28,28 @@ _CATEGORY = {
     ActivityClass.COPY_D2D: "copy_d2d",
     ActivityClass.OTHER: "other",
 }
+
+
+def evenly_spaced(ranks: list[int], count: int) -> list[int]:
+    """`count` ranks spread evenly over the sorted `ranks` (all of them when there are fewer)."""
+    if len(ranks) <= count:
+        return list(ranks)
+    return [ranks[int(i * len(ranks) / count)] for i in range(count)]
+
+
+def choose_timeline_ranks(step_us_by_rank: dict[int, float], straggler: int | None,
+                          cap: int = MAX_TIMELINE_RANKS) -> list[int]:
+    """The ranks whose timeline a reader wants, at most `cap`, in rank order: the straggler,
+    the rank with the slowest and the one with the fastest mean step, then evenly spaced ranks.
+    Chosen among every rank of the job, by the analysis and the report alike."""
+    ranks = sorted(step_us_by_rank)
+    if len(ranks) <= cap:
+        return ranks
+    by_step = sorted(ranks, key=lambda r: (step_us_by_rank[r], r))
+    picked = list(dict.fromkeys(
+        [r for r in (straggler,) if r in step_us_by_rank] + [by_step[-1], by_step[0]]))
+    rest = [r for r in evenly_spaced(ranks, cap) if r not in picked]
+    return sorted(picked + rest[: cap - len(picked)])
 
 
 def representative_window(windows: list[Window]) -> Window | None:

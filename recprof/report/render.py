@@ -24,7 +24,8 @@ from recprof import __version__
 from recprof.analysis.model import AnalysisResult
 from recprof.errors import RecprofError
 from recprof.report.safe import finite, script_json
-from recprof.report.view import job_view
+from recprof.report.sections import Part
+from recprof.report.view import job_part
 
 DEFAULT_DIR = Path("reports")
 PLOTLY_CDN = "https://cdn.plot.ly/plotly-{version}.min.js"
@@ -88,25 +89,35 @@ def _plotly_version() -> str:
     return get_plotlyjs_version()
 
 
-def render_report(result: AnalysisResult, cdn: bool = False, source: str = "") -> str:
-    """The report's HTML text for every job in `result`."""
-    if not result.jobs:
-        detail = "; ".join(result.errors[:3]) or "no jobs found"
-        raise RecprofError(f"{source or 'analysis'}: nothing to report ({detail})")
-    views = [job_view(job, i) for i, job in enumerate(result.jobs)]
-    figs = {k: v for view in views for k, v in view.figures.items()}
-    title = ", ".join(v.id for v in views[:3]) + (f" (+{len(views) - 3})" if len(views) > 3
-                                                   else "")
+def render_page(title: str, subtitle: str, parts: list[Part], cdn: bool = False) -> str:
+    """Any recprof HTML page (the bottleneck report, the tuning report): the parts' sections
+    in one template, their figures as one escaped JSON block, our CSS and script, plotly.js
+    inlined (or from its CDN) and a CSP that allows exactly those scripts."""
+    figs = {k: v for part in parts for k, v in part.figures.items()}
     js = _asset("report.js")
     cdn_url = PLOTLY_CDN.format(version=_plotly_version()) if cdn else None
-    return _environment().get_template("report.html.j2").render(
-        title=title, jobs=views, version=__version__,
-        source=source or ", ".join(result.inputs[:3]),
+    return _environment().get_template("page.html.j2").render(
+        title=title, subtitle=subtitle, parts=parts, version=__version__,
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         css=_asset("report.css"), js=js, csp=content_security_policy(js, cdn_url),
         plotly_cdn_url=cdn_url, plotly_inline=None if cdn else _plotly_js(),
         figures_json=script_json(finite(figs)),
     )
+
+
+def render_report(result: AnalysisResult, cdn: bool = False, source: str = "") -> str:
+    """The bottleneck report's HTML text for every job in `result`."""
+    if not result.jobs:
+        detail = "; ".join(result.errors[:3]) or "no jobs found"
+        raise RecprofError(f"{source or 'analysis'}: nothing to report ({detail})")
+    titled = len(result.jobs) > 1
+    parts = [job_part(job, i, titled) for i, job in enumerate(result.jobs)]
+    ids = [job.id for job in result.jobs]
+    title = ", ".join(ids[:3]) + (f" (+{len(ids) - 3})" if len(ids) > 3 else "")
+    n = len(ids)
+    subtitle = (f"{n} job{'' if n == 1 else 's'} · from "
+                f"{source or ', '.join(result.inputs[:3])}")
+    return render_page(f"recprof bottleneck report · {title}", subtitle, parts, cdn)
 
 
 def default_report_path(result: AnalysisResult) -> Path:

@@ -1,118 +1,40 @@
-"""What the template shows for one job: sentences, table rows and figures, from the analysis.
+"""What the report shows for one job, as sections of blocks, built from the analysis alone.
 
-The template only lays this out; every number and sentence is decided here, so it can be
-tested without a browser. Nothing here reads a trace: data flows trace -> analysis -> report.
+Every number and sentence is decided here and every finding, mean and verdict is read from the
+analysis result (recprof.analysis computes them once), so the report adds layout and words,
+never a second opinion. Nothing here reads a trace: data flows trace -> analysis -> report.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
-from recprof.analysis.diagnosis import Finding, JobFacts, diagnose_facts, job_facts
-from recprof.analysis.model import METRICS, JobAnalysis
+from recprof import units
+from recprof.analysis.model import CollectiveStats, JobAnalysis, StepMetrics
 from recprof.report import figures
+from recprof.report.sections import (
+    Bullets,
+    Cell,
+    Column,
+    FindingList,
+    Paragraph,
+    Part,
+    Plot,
+    Section,
+    SideBySide,
+    Table,
+)
 
-BREAKDOWN_COLUMNS = ("compute", "exposed comm", "hidden comm", "exposed H2D", "other exposed",
-                     "idle")
-
-
-@dataclass
-class Cell:
-    ms: float
-    pct: float
-
-
-@dataclass
-class BreakdownRow:
-    rank: int
-    step_ms: float
-    cells: list[Cell]
-
-
-@dataclass
-class CollectiveRow:
-    kind: str
-    group: str
-    count: float
-    count_text: str
-    total_ms: float
-    exposed_ms: float
-    bytes_sort: float
-    bytes_text: str
-    algbw_sort: float
-    algbw_text: str
-    busbw_sort: float
-    busbw_text: str
-
-
-@dataclass
-class GapRow:
-    rank: int
-    step: str
-    ms: float
-    at_ms: float
-    at_text: str
-    cause: str
-    detail: str
-
-
-@dataclass
-class JobView:
-    id: str
-    anchor: str
-    verdict: str
-    healthy: bool
-    shape: str
-    warnings: list[str]
-    breakdown_columns: tuple[str, ...]
-    breakdown_rows: list[BreakdownRow]
-    breakdown_note: str
-    has_timeline: bool
-    timeline_note: str
-    collective_rows: list[CollectiveRow]
-    has_scatter: bool
-    scatter_note: str
-    skew_text: str
-    has_heatmap: bool
-    heatmap_note: str
-    idle_text: str
-    has_idle_hist: bool
-    gap_rows: list[GapRow]
-    findings: list[Finding]
-    nothing_wrong_text: str
-    figures: dict[str, Any] = field(default_factory=dict)
+#: Largest idle gaps listed.
+MAX_GAP_ROWS = 25
+#: Warnings listed per job (a 1,024-rank job can have one per rank); the rest are counted.
+MAX_WARNINGS = 20
 
 
 def _anchor(job_id: str, index: int) -> str:
     """A DOM id derived from the job id: only [a-z0-9-], so it is safe in any attribute."""
     slug = re.sub(r"[^a-z0-9]+", "-", job_id.lower()).strip("-")[:40] or "job"
     return f"job{index}-{slug}"
-
-
-def _fmt_ms(us: float) -> str:
-    if us >= 1_000_000:
-        return f"{us / 1e6:.2f} s"
-    if us >= 10_000:
-        return f"{us / 1e3:.0f} ms"
-    return f"{us / 1e3:.2f} ms"
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= size:
-            return f"{b / size:.1f} {unit}"
-    return f"{b:.0f} B"
-
-
-def rank_means(job: JobAnalysis) -> dict[int, dict[str, float]]:
-    """Each rank's mean per step of every metric (totals / steps)."""
-    out: dict[int, dict[str, float]] = {}
-    for r in job.ranks:
-        n = max(len(r.steps), 1)
-        out[r.rank] = {m: getattr(r.totals, m) / n for m in METRICS}
-    return out
 
 
 def job_shape(job: JobAnalysis) -> str:
@@ -137,63 +59,113 @@ def job_shape(job: JobAnalysis) -> str:
     return " · ".join(parts)
 
 
-def verdict(facts: JobFacts, found: list[Finding]) -> str:
-    """The single largest bottleneck in plain words, with ms/step and % of the step.
-
-    The top finding's headline leads; a straggler finding that is not on top but still
-    significant is added, because "who the others wait for" changes what to fix first.
-    """
-    step = facts.step_us
-    if not found:
-        compute = facts.mean("compute_us")
-        return (f"Nothing wrong above the thresholds: compute fills {_pct(compute, step):.0f}% "
-                f"of a {_fmt_ms(step)} step ({_fmt_ms(compute)} per step).")
-    top = found[0]
-    text = top.headline[0].upper() + top.headline[1:]
-    straggler = next((f for f in found[1:] if f.id == "straggler"), None)
-    if straggler is not None and straggler.severity != "low":
-        text += f"; {straggler.headline}"
-    return text + "."
+def _capped(warnings: list[str], limit: int = MAX_WARNINGS) -> list[str]:
+    """The first `limit` warnings and a count of the rest."""
+    if len(warnings) <= limit:
+        return warnings
+    return [*warnings[:limit], f"... and {len(warnings) - limit} more (see recprof analyze)"]
 
 
-def _pct(part: float, whole: float) -> float:
-    return 100.0 * part / whole if whole > 0 else 0.0
+def _ms_cell(us: float, of: float | None = None) -> Cell:
+    """A time in a table (ms), with its share of `of` on a second line when given."""
+    sub = f"{units.share(us, of):.1f}%" if of is not None else None
+    return Cell(units.ms_cell(us), sort=us / 1000, sub=sub, css="num")
 
 
-def _breakdown(means: dict[int, dict[str, float]]) -> list[BreakdownRow]:
-    rows = []
-    for rank in sorted(means):
-        m = means[rank]
-        step = m["step"]
-        vals = (m["compute"], m["exposed_comm"], m["hidden_comm"], m["exposed_copy_h2d"],
-                m["exposed_copy_d2h"] + m["exposed_copy_d2d"] + m["exposed_other"], m["idle"])
-        rows.append(BreakdownRow(rank, step / 1000,
-                                 [Cell(v / 1000, _pct(v, step)) for v in vals]))
-    return rows
+# --- sections --------------------------------------------------------------------------------
 
 
-def _collective_rows(job: JobAnalysis) -> list[CollectiveRow]:
-    rank_steps = max(sum(max(len(r.steps), 1) for r in job.ranks), 1)
-    rows = []
-    for c in sorted(job.collectives, key=lambda c: -c.total_us):
-        per_step_bytes = (c.bytes * c.count / c.sized_count / rank_steps
-                          if c.bytes and c.sized_count else None)
-        count = c.count / rank_steps
-        rows.append(CollectiveRow(
-            kind=c.kind, group=c.process_group, count=count,
-            count_text=f"{count:.1f}" if count % 1 else f"{count:.0f}",
-            total_ms=c.total_us / rank_steps / 1000, exposed_ms=c.exposed_us / rank_steps / 1000,
-            bytes_sort=per_step_bytes or -1,
-            bytes_text=_fmt_bytes(per_step_bytes) if per_step_bytes else "unknown",
-            algbw_sort=c.algbw_gbps or -1,
-            algbw_text=f"{c.algbw_gbps:.2f}" if c.algbw_gbps else "–",
-            busbw_sort=c.busbw_gbps or -1,
-            busbw_text=f"{c.busbw_gbps:.2f}" if c.busbw_gbps else "–",
-        ))
-    return rows
+def _verdict(job: JobAnalysis, anchor: str) -> Section:
+    warnings = list(dict.fromkeys([*job.warnings, *(w for r in job.ranks for w in r.warnings)]))
+    blocks: list = [Paragraph(job.verdict, css=f"verdict {'ok' if not job.findings else 'bad'}"),
+                    Paragraph(job_shape(job), css="shape")]
+    if warnings:
+        blocks.append(Bullets(_capped(warnings), heading="Analysis warnings", css="warnings"))
+    return Section(f"{anchor}-verdict", "Verdict", blocks)
 
 
-def _skew_text(job: JobAnalysis, facts: JobFacts) -> str:
+#: (column header, the parts of the step it shows), in the order the table lists them.
+BREAKDOWN_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("compute", ("compute",)),
+    ("exposed comm", ("exposed_comm",)),
+    ("hidden comm", ("hidden_comm",)),
+    ("exposed H2D", ("exposed_copy_h2d",)),
+    ("other exposed", ("exposed_copy_d2h", "exposed_copy_d2d", "exposed_other")),
+    ("idle", ("idle",)),
+)
+
+
+def _breakdown_row(rank: int, m: StepMetrics) -> list[Cell]:
+    return [Cell(str(rank), sort=rank), _ms_cell(m.step),
+            *(_ms_cell(sum(getattr(m, p) for p in parts), of=m.step)
+              for _, parts in BREAKDOWN_COLUMNS)]
+
+
+def _breakdown(job: JobAnalysis, anchor: str, figs: dict) -> Section:
+    ranks = sorted(job.ranks, key=lambda r: r.rank)
+    table = Table(
+        columns=[Column("rank"), Column("step ms", numeric=True),
+                 *(Column(name, numeric=True) for name, _ in BREAKDOWN_COLUMNS)],
+        rows=[_breakdown_row(r.rank, r.per_step) for r in ranks], css="breakdown")
+    blocks: list = [table]
+    if ranks:
+        figs[f"{anchor}-bars"] = figures.plot_breakdown_bars(figures.breakdown_bars_info(job))
+        blocks = [SideBySide(Plot(f"{anchor}-bars"), table)]
+    return Section(
+        f"{anchor}-breakdown", "Where each rank's step goes (mean ms per step)", blocks,
+        note=("Mean per step over the steps analysed. compute + exposed comm + exposed H2D + "
+              "other exposed + idle = step; hidden comm is communication that ran under "
+              "compute (already inside compute). The bars split compute into the part with "
+              "and without communication underneath."))
+
+
+def _timeline(job: JobAnalysis, anchor: str, figs: dict) -> Section:
+    info = figures.timeline_info(job)
+    title = "Timeline of one representative step per rank"
+    if info is None:
+        return Section(f"{anchor}-timeline", title,
+                       [Paragraph("The analysis holds no timeline for this job.", css="muted")])
+    figs[f"{anchor}-timeline-plot"] = figures.plot_timeline(info)
+    return Section(f"{anchor}-timeline", title, [Plot(f"{anchor}-timeline-plot")],
+                   note=figures.timeline_note(info))
+
+
+def _collective_row(c: CollectiveStats) -> list[Cell]:
+    count = c.count_per_step
+    return [
+        Cell(c.kind, css="name"), Cell(c.process_group, css="name"),
+        Cell(f"{count:.1f}" if count % 1 else f"{count:.0f}", sort=count, css="num"),
+        _ms_cell(c.total_us_per_step), _ms_cell(c.exposed_us_per_step),
+        Cell(units.size(c.bytes_per_step) if c.bytes_per_step else "unknown",
+             sort=c.bytes_per_step or -1, css="num"),
+        Cell(f"{c.algbw_gbps:.2f}" if c.algbw_gbps else "–", sort=c.algbw_gbps or -1, css="num"),
+        Cell(f"{c.busbw_gbps:.2f}" if c.busbw_gbps else "–", sort=c.busbw_gbps or -1, css="num"),
+    ]
+
+
+def _collectives(job: JobAnalysis, anchor: str, figs: dict) -> Section:
+    title = "Collectives"
+    if not job.collectives:
+        return Section(f"{anchor}-collectives", title, [
+            Paragraph("No collective communication found in this job.", css="muted")])
+    table = Table(
+        columns=[Column("kind"), Column("process group"), Column("count/step", True),
+                 Column("total ms/step", True), Column("exposed ms/step", True),
+                 Column("bytes/step", True), Column("algbw GB/s", True),
+                 Column("busbw GB/s", True)],
+        rows=[_collective_row(c) for c in sorted(job.collectives, key=lambda c: -c.total_us)],
+        css="collectives")
+    info = figures.bandwidth_scatter_info(job)
+    if info is None:
+        return Section(f"{anchor}-collectives", title, [table], note=(
+            "No per-instance message sizes in this trace, so no bandwidth scatter."))
+    figs[f"{anchor}-scatter"] = figures.plot_bandwidth_scatter(info)
+    return Section(f"{anchor}-collectives", title, [
+        table, Plot(f"{anchor}-scatter", heading="Bandwidth versus message size",
+                    note=figures.scatter_note(info))])
+
+
+def _skew_text(job: JobAnalysis) -> str:
     skew = job.skew
     if len(job.ranks) < 2:
         return "Only one rank was analysed, so there is no cross-rank skew to show."
@@ -202,97 +174,93 @@ def _skew_text(job: JobAnalysis, facts: JobFacts) -> str:
     spread = ""
     if skew.step_spread:
         worst = max(skew.step_spread, key=lambda s: s.max_us - s.min_us)
-        spread = (f" Step time spread: up to {_fmt_ms(worst.max_us - worst.min_us)} between the "
-                  f"fastest and slowest rank (step {worst.step}, slowest rank "
+        spread = (f" Step time spread: up to {units.duration(worst.max_us - worst.min_us)} "
+                  f"between the fastest and slowest rank (step {worst.step}, slowest rank "
                   f"{worst.slowest_rank}).")
     if skew.straggler_rank is None:
         return f"No straggler across {skew.matched_count} matched collectives.{spread}"
     s = skew.straggler_rank
     last = skew.last_arrivals_by_rank.get(s, 0)
-    return (f"Straggler: rank {s}. The others wait {_fmt_ms(skew.straggler_cost_us_per_step)} "
-            f"per step for it ({_pct(skew.straggler_cost_us_per_step, facts.step_us):.0f}% of "
-            f"the step); it arrived last at {last} of {skew.matched_count} matched "
-            f"collectives.{spread}")
+    cost = skew.straggler_cost_us_per_step
+    return (f"Straggler: rank {s}. The others wait {units.duration(cost)} per step for it "
+            f"({units.percent(cost, job.per_step.step)} of the step); it arrived last at {last} "
+            f"of {skew.matched_count} matched collectives.{spread}")
 
 
-def _idle(job: JobAnalysis, facts: JobFacts) -> tuple[str, list[GapRow]]:
+def _skew(job: JobAnalysis, anchor: str, figs: dict) -> Section:
+    blocks: list = [Paragraph(_skew_text(job))]
+    info = figures.skew_heatmap_info(job)
+    if info is not None:
+        figs[f"{anchor}-heatmap"] = figures.plot_skew_heatmap(info)
+        blocks.append(Plot(f"{anchor}-heatmap", note=figures.heatmap_note(info)))
+    return Section(f"{anchor}-skew", "Cross-rank skew", blocks)
+
+
+def _idle(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     count = sum(r.idle_gaps.count for r in job.ranks)
-    idle = facts.mean("idle_us")
+    idle, step = job.per_step.idle, job.per_step.step
     causes: dict[str, float] = {}
     for r in job.ranks:
         n = max(len(r.steps), 1) * len(job.ranks)
         for cause, us in r.idle_gaps.by_cause_us.items():
             causes[cause] = causes.get(cause, 0.0) + us / n
-    text = (f"Idle (no device activity) averages {_fmt_ms(idle)} per step "
-            f"({_pct(idle, facts.step_us):.0f}% of the step) over {count} gaps on all ranks.")
+    text = (f"Idle (no device activity) averages {units.duration(idle)} per step "
+            f"({units.percent(idle, step)} of the step) over {count} gaps on all ranks.")
     if causes:
         text += " By cause, per step: " + ", ".join(
-            f"{c} {_fmt_ms(us)}" for c, us in sorted(causes.items(), key=lambda kv: -kv[1])) + "."
+            f"{c} {units.duration(us)}" for c, us in sorted(causes.items(), key=lambda kv: -kv[1])
+        ) + "."
+    blocks: list = [Paragraph(text)]
+    info = figures.idle_histogram_info(job)
+    if info is not None:
+        figs[f"{anchor}-idle-hist"] = figures.plot_idle_histogram(info)
+        blocks.append(Plot(f"{anchor}-idle-hist"))
     step_start = {(r.rank, s.number): s.start_us for r in job.ranks for s in r.steps}
     gaps = sorted(((r.rank, g) for r in job.ranks for g in r.idle_gaps.largest),
-                  key=lambda rg: -rg[1].dur_us)[:figures.MAX_GAP_ROWS]
+                  key=lambda rg: -rg[1].dur_us)[:MAX_GAP_ROWS]
     rows = []
     for rank, g in gaps:
         start = step_start.get((rank, g.step))
-        at = (g.start_us - start) / 1000 if start is not None else -1.0
-        rows.append(GapRow(rank=rank, step="–" if g.step is None else str(g.step),
-                           ms=g.dur_us / 1000, at_ms=at,
-                           at_text=f"{at:.2f}" if at >= 0 else "–",
-                           cause=g.cause, detail=g.detail))
-    return text, rows
+        at = (g.start_us - start) if start is not None else None
+        rows.append([
+            Cell(str(rank), sort=rank), Cell("–" if g.step is None else str(g.step)),
+            Cell(f"{g.dur_us / 1000:.3f}", sort=g.dur_us / 1000, css="num"),
+            Cell(f"{at / 1000:.2f}" if at is not None else "–",
+                 sort=at / 1000 if at is not None else -1.0, css="num"),
+            Cell(g.cause), Cell(g.detail, css="name"),
+        ])
+    if rows:
+        blocks.append(Table(
+            columns=[Column("rank"), Column("step"), Column("ms", True), Column("at ms", True),
+                     Column("cause"), Column("detail")],
+            rows=rows, css="gaps", heading="Largest gaps"))
+    return Section(f"{anchor}-idle", "Idle gaps", blocks)
 
 
-def _capped(warnings: list[str], limit: int = 20) -> list[str]:
-    """The first `limit` warnings and a count of the rest (a 1,024-rank job can have many)."""
-    if len(warnings) <= limit:
-        return warnings
-    return [*warnings[:limit], f"... and {len(warnings) - limit} more (see recprof analyze)"]
+def _findings(job: JobAnalysis, anchor: str) -> Section:
+    m = job.per_step
+    nothing = (f"Nothing wrong: no rule fired. Compute {units.percent(m.compute, m.step)}, "
+               f"exposed communication {units.percent(m.exposed_comm, m.step)}, idle "
+               f"{units.percent(m.idle, m.step)} of a {units.duration(m.step)} step; every "
+               f"rule's threshold is in docs/diagnosis.md.")
+    return Section(f"{anchor}-findings", "Findings, ranked by recoverable time per step",
+                   [FindingList(job.findings, nothing)],
+                   note="Rules, thresholds and how each estimate is made: docs/diagnosis.md "
+                        "in recprof.")
 
 
-def job_view(job: JobAnalysis, index: int) -> JobView:
-    """Everything the template needs for one job, figures included."""
-    facts = job_facts(job)
-    found = diagnose_facts(facts)
-    means = rank_means(job)
+def job_part(job: JobAnalysis, index: int, titled: bool) -> Part:
+    """Every section of one job's part of the report, with the figures they draw; `titled`
+    when the report holds several jobs."""
     anchor = _anchor(job.id, index)
-    figs: dict[str, Any] = {}
-    if means:
-        figs[f"{anchor}-bars"] = figures.breakdown_bars(means)
-    timeline, timeline_note = figures.timeline_figure(job)
-    if timeline:
-        figs[f"{anchor}-timeline-plot"] = timeline
-    scatter, scatter_note = figures.bandwidth_scatter(job)
-    if scatter:
-        figs[f"{anchor}-scatter"] = scatter
-    heatmap, heatmap_note = figures.skew_heatmap(job)
-    if heatmap:
-        figs[f"{anchor}-heatmap"] = heatmap
-    hist = figures.idle_histogram(job)
-    if hist:
-        figs[f"{anchor}-idle-hist"] = hist
-    idle_text, gap_rows = _idle(job, facts)
-    step = facts.step_us
-    return JobView(
-        id=job.id, anchor=anchor, verdict=verdict(facts, found), healthy=not found,
-        shape=job_shape(job),
-        warnings=_capped(list(dict.fromkeys([*job.warnings, *(w for r in job.ranks
-                                                               for w in r.warnings)]))),
-        breakdown_columns=BREAKDOWN_COLUMNS, breakdown_rows=_breakdown(means),
-        breakdown_note=(
-            "Mean per step over the steps analysed. compute + exposed comm + exposed H2D + "
-            "other exposed + idle = step; hidden comm is communication that ran under "
-            "compute (already inside compute). The bars split compute into the part with and "
-            "without communication underneath."),
-        has_timeline=timeline is not None, timeline_note=timeline_note,
-        collective_rows=_collective_rows(job), has_scatter=scatter is not None,
-        scatter_note=scatter_note, skew_text=_skew_text(job, facts),
-        has_heatmap=heatmap is not None, heatmap_note=heatmap_note,
-        idle_text=idle_text, has_idle_hist=hist is not None, gap_rows=gap_rows,
-        findings=found,
-        nothing_wrong_text=(
-            f"no rule fired. Compute {_pct(facts.mean('compute_us'), step):.0f}%, exposed "
-            f"communication {_pct(facts.mean('exposed_comm_us'), step):.0f}%, idle "
-            f"{_pct(facts.mean('idle_us'), step):.0f}% of a {_fmt_ms(step)} step; every "
-            f"rule's threshold is in docs/diagnosis.md."),
-        figures=figs,
-    )
+    figs: dict = {}
+    sections = [
+        _verdict(job, anchor),
+        _breakdown(job, anchor, figs),
+        _timeline(job, anchor, figs),
+        _collectives(job, anchor, figs),
+        _skew(job, anchor, figs),
+        _idle(job, anchor, figs),
+        _findings(job, anchor),
+    ]
+    return Part(heading=f"Job {job.id}" if titled else None, sections=sections, figures=figs)

@@ -1,0 +1,78 @@
+"""The analysis document (schema recprof.analysis/2): findings and the verdict are part of it,
+older /1 documents still load, and the report only renders what it holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from recprof.analysis import SCHEMA, analyze_paths, diagnosis, load_analysis_json, summary
+from recprof.report import render_report
+
+SST = "torchrec_pr1460/trace/sst_long_a2a_optimizer"
+
+
+def test_analyze_json_to_stdout_holds_verdict_and_findings(shared_traces: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "analyze", str(shared_traces / SST), "--json", "-"],
+        capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # nothing but the document on standard output
+    assert doc["schema"] == "recprof.analysis/2" == SCHEMA
+    (job,) = doc["jobs"]
+    assert job["verdict"].startswith("Rank 2 makes the others wait")
+    top = job["findings"][0]
+    assert top["id"] == "straggler" and top["severity"] == "high"
+    assert set(top) >= {"id", "title", "severity", "recoverable_us_per_step", "evidence",
+                        "knobs", "commands"}
+    assert top["recoverable_us_per_step"] == pytest.approx(
+        job["skew"]["straggler_cost_us_per_step"])
+    # the human summary went to standard error, verdict and findings included
+    err = proc.stderr.decode()
+    assert "verdict:" in err and "1. Rank 2 is a straggler" in " ".join(err.split())
+
+
+def test_version_1_documents_still_load(shared_traces: Path, tmp_path: Path) -> None:
+    """A /1 document (no per-step means, findings or verdict) is upgraded when read: the
+    analysis fills what /1 lacked, from what it holds."""
+    current = analyze_paths([shared_traces / SST])
+    doc = orjson.loads(current.to_json())
+    doc["schema"] = "recprof.analysis/1"
+    for job in doc["jobs"]:
+        for key in ("per_step", "findings", "verdict"):
+            del job[key]
+        for rank in job["ranks"]:
+            del rank["per_step"]
+        for c in job["collectives"]:
+            for key in ("count_per_step", "total_us_per_step", "exposed_us_per_step",
+                        "bytes_per_step"):
+                del c[key]
+    old = tmp_path / "old.json"
+    old.write_bytes(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS))
+    loaded = load_analysis_json(old)
+    assert loaded.schema == SCHEMA
+    (a,), (b,) = loaded.jobs, current.jobs
+    assert a.verdict == b.verdict and a.findings == b.findings
+    assert a.per_step == b.per_step and a.collectives == b.collectives
+
+
+def test_report_renders_what_the_analysis_holds(shared_traces: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report computes no finding and no per-step mean: with the rules and the means
+    broken, it still renders, and shows the analysis' own verdict."""
+    result = analyze_paths([shared_traces / SST])
+
+    def broken(*args: object) -> None:
+        raise AssertionError("the report recomputed an analysis result")
+
+    for name in ("diagnose", "diagnose_facts", "job_facts", "verdict"):
+        monkeypatch.setattr(diagnosis, name, broken)
+    monkeypatch.setattr(summary, "mean_metrics", broken)
+    result.jobs[0].verdict = "A verdict only the analysis could have written."
+    html = render_report(result, cdn=True)
+    assert "A verdict only the analysis could have written." in html
