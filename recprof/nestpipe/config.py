@@ -13,16 +13,21 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems
 
+if TYPE_CHECKING:
+    import torch
+
 BACKEND_CHOICES = ("auto", "gloo", "nccl")
 DATA_CHOICES = ("synthetic", "tsv")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
+#: Floating-point precision of a run's parameters, optimizer state and exchanged tensors.
+DTYPES = ("float32", "float64")
 
 
 def _with_knob_fields(cls: type) -> type:
@@ -70,6 +75,7 @@ class TrainConfig:
     adagrad_eps: float = 1e-8
     # runtime
     backend: str = "auto"
+    dtype: str = "float32"
     # ... and one field per knob of recprof/nestpipe/knobs.py (micro_batches, hsp_groups,
     # qcomms, reshape, dbp, clustering, sharding, fuse_tables), added by _with_knob_fields.
 
@@ -82,6 +88,13 @@ class TrainConfig:
         base = self.num_embeddings
         sizes = base if isinstance(base, list) else [base] * self.num_tables
         return [n * self.reshape for n in sizes]
+
+    def float_dtype(self) -> torch.dtype:
+        """The torch dtype of `dtype`; torch is imported here, not at module level, so the
+        tuner and the command line read configs without it."""
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def dim(self) -> int:
@@ -190,6 +203,8 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
              f"must be < steps ({cfg.steps}) to leave a steady window, got {cfg.warmup_steps}")
     _require(cfg.backend in BACKEND_CHOICES, "backend",
              f"must be one of {'|'.join(BACKEND_CHOICES)}, got {cfg.backend!r}")
+    _require(cfg.dtype in DTYPES, "dtype",
+             f"must be one of {'|'.join(DTYPES)}, got {cfg.dtype!r}")
     _require(cfg.data in DATA_CHOICES, "data",
              f"must be one of {'|'.join(DATA_CHOICES)}, got {cfg.data!r}")
     _require(cfg.dense_optimizer in DENSE_OPTIMIZERS, "dense_optimizer",

@@ -40,8 +40,15 @@ class Batch:
         """Called by the DataLoader's pin-memory thread (custom types must pin themselves)."""
         return Batch(*(t.pin_memory() for t in self._tensors()))
 
-    def to(self, device: torch.device) -> Batch:
-        return Batch(*(t.to(device, non_blocking=True) for t in self._tensors()))
+    def to(self, device: torch.device, dtype: torch.dtype) -> Batch:
+        """On `device`, dense features and labels in the run's float `dtype` (their float32
+        values convert exactly, so float32 and float64 runs train on the same inputs)."""
+        return Batch(
+            dense=self.dense.to(device, dtype, non_blocking=True),
+            ids=self.ids.to(device, non_blocking=True),
+            lengths=self.lengths.to(device, non_blocking=True),
+            labels=self.labels.to(device, dtype, non_blocking=True),
+        )
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return self.dense, self.ids, self.lengths, self.labels

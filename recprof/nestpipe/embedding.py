@@ -144,9 +144,11 @@ class ShardedEmbeddings:
         self.comm_groups = [list(range(num_tables))] if cfg.fuse_tables else [
             [t] for t in range(num_tables)
         ]
-        self.fwd_codec, self.bwd_codec = Codec(cfg.qcomms, "fwd"), Codec(cfg.qcomms, "bwd")
-        self.weight = self._init_weight().to(device)
-        self.state = torch.zeros(self.weight.shape[0], device=device)
+        self.dtype = cfg.float_dtype()
+        self.fwd_codec = Codec(cfg.qcomms, "fwd", self.dtype)
+        self.bwd_codec = Codec(cfg.qcomms, "bwd", self.dtype)
+        self.weight = self._init_weight().to(device, self.dtype)
+        self.state = torch.zeros(self.weight.shape[0], dtype=self.dtype, device=device)
         self.bytes: Counter[str] = Counter()
         self._bytes_lock = threading.Lock()  # DBP's prefetch thread counts too
 
@@ -154,7 +156,8 @@ class ShardedEmbeddings:
         """Initialise each full table from (seed, table) and keep this shard's rows.
 
         Drawing the whole table and slicing it makes the initial parameters independent of
-        the world size and sharding, which the exactness tests rely on.
+        the world size and sharding, which the exactness tests rely on. The draw is float32 in
+        either dtype, so a float64 run starts from the float32 run's values.
         """
         bound = self.dim ** -0.5
         pieces = []
@@ -220,7 +223,8 @@ class ShardedEmbeddings:
                 recv_last, send_counts[i], recv_counts[i], skip, recv_skip,
             ))  # fmt: skip
             offset += order.shape[0]
-        rows = torch.zeros(offset, self.dim, device=self.device, requires_grad=requires_grad)
+        rows = torch.zeros(offset, self.dim, dtype=self.dtype, device=self.device,
+                           requires_grad=requires_grad)
         lengths = [mb.lengths.reshape(-1) for mb in micro]
         return Window(micro, exchanges, pool_index,
                       [torch.cumsum(x, 0) - x for x in lengths], rows, group)
@@ -364,7 +368,7 @@ class ShardedEmbeddings:
         slots = torch.cat([p.rows for p in pending])
         grads = torch.cat([self.bwd_codec.decode(p.received, self.dim) for p in pending])
         touched, inverse = torch.unique(slots, return_inverse=True)
-        summed = torch.zeros(touched.shape[0], self.dim, device=self.device)
+        summed = torch.zeros(touched.shape[0], self.dim, dtype=self.dtype, device=self.device)
         summed.index_add_(0, inverse, grads)
         return touched, summed
 
@@ -388,10 +392,10 @@ class ShardedEmbeddings:
         dist.all_gather(lists, padded, group=group)
         union = torch.unique(torch.cat(lists))
         union = union[union >= 0]
-        full = torch.zeros(union.shape[0], self.dim, device=self.device)
+        full = torch.zeros(union.shape[0], self.dim, dtype=self.dtype, device=self.device)
         full[torch.searchsorted(union, touched)] = grads
         dist.all_reduce(full, group=group)
-        self.add_bytes("hsp_allreduce", 8 + 8 * longest + full.numel() * 4)
+        self.add_bytes("hsp_allreduce", 8 + 8 * longest + full.numel() * full.element_size())
         return union, full
 
     def apply(self, touched: torch.Tensor, grads: torch.Tensor) -> None:

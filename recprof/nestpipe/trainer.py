@@ -71,10 +71,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, groups: Groups, device: torch.device) -> None:
         self.cfg, self.groups, self.device = cfg, groups, device
+        self.dtype = cfg.float_dtype()
         torch.manual_seed(cfg.seed)  # same dense initialisation on every rank and world size
+        # Initialised in float32 and then cast, so a float64 run starts where a float32 one does.
         self.model = DenseArch(
             cfg.num_dense, cfg.num_features, cfg.dim, cfg.bottom_mlp, cfg.top_mlp
-        ).to(device)
+        ).to(device, self.dtype)
         self.params = list(self.model.parameters())
         self.optimizer = _dense_optimizer(cfg, self.params)
         self.embeddings = ShardedEmbeddings(cfg, groups, device)
@@ -102,7 +104,8 @@ class Trainer:
     def prepare_next(self, batches: Iterator[Batch], previous: Window | None) -> Window:
         """DBP's prefetch stage, run on its own thread: load and copy the next batch, route
         it and start its fetches, on the prefetch process group."""
-        return self.prepare(_next(batches, self.device), previous, self.groups.prefetch_group)
+        return self.prepare(_next(batches, self.device, self.dtype), previous,
+                            self.groups.prefetch_group)
 
     def refresh(self, window: Window, updated: torch.Tensor) -> None:
         """DBP: bring a window prefetched before the last update up to date (see refresh())."""
@@ -117,7 +120,7 @@ class Trainer:
         backward is done. With one micro-batch and no DBP this is the synchronous baseline.
         """
         cfg, emb = self.cfg, self.embeddings
-        sends, loss_sum = [], torch.zeros((), device=self.device)
+        sends, loss_sum = [], torch.zeros((), dtype=self.dtype, device=self.device)
         for i, mb in enumerate(window.micro):
             with record_function("nestpipe:embedding_a2a_wait"):
                 emb.fetch_wait(window, i)
@@ -132,7 +135,7 @@ class Trainer:
             # Started before waiting for the row gradients, so both share the wire.
             flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [loss_sum.reshape(1)])
             dense = dist.all_reduce(flat, async_op=True)
-            emb.add_bytes("dense_allreduce", flat.numel() * 4)
+            emb.add_bytes("dense_allreduce", flat.numel() * flat.element_size())
         with record_function("nestpipe:grad_a2a_wait"):
             touched, grads = emb.grads_finish(sends)
         if self.groups.hsp_groups > 1:
@@ -161,7 +164,7 @@ class Trainer:
         loader = make_loader(self.cfg, EVAL_STREAM, batches, self.groups.rank, self.groups.world, 0)
         with record_function("nestpipe:eval"):
             for batch in loader:
-                batch = batch.to(self.device)
+                batch = batch.to(self.device, self.dtype)
                 window = self.embeddings.route([batch], requires_grad=False)
                 self.embeddings.fetch(window)
                 scores.append(self.model(batch.dense, self.embeddings.pool(window, 0)))
@@ -190,13 +193,14 @@ def init_distributed(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _next(batches: Iterator[Batch], device: torch.device) -> Batch:
+def _next(batches: Iterator[Batch], device: torch.device, dtype: torch.dtype) -> Batch:
     """Stages 1-2 of the pipeline: a batch the DataLoader workers prefetched (pinned where
-    there is a device), then its host-to-device copy (non-blocking; a no-op on CPU)."""
+    there is a device), then its host-to-device copy (non-blocking; a no-op on CPU), floats
+    in the run's dtype."""
     with record_function("nestpipe:data_wait"):
         batch = next(batches)
     with record_function("nestpipe:h2d"):
-        return batch.to(device)
+        return batch.to(device, dtype)
 
 
 def _bytes_per_step(trainer: Trainer, steps: int) -> dict[str, float]:
@@ -242,7 +246,7 @@ def train(
         for step in range(cfg.steps):
             t0 = time.perf_counter()
             if upcoming is None:
-                current = trainer.prepare(_next(batches, device))
+                current = trainer.prepare(_next(batches, device, trainer.dtype))
             else:
                 current = upcoming.result()
                 upcoming = (stage.submit(trainer.prepare_next, batches, current)
@@ -260,7 +264,7 @@ def train(
     bytes_per_step = _bytes_per_step(trainer, cfg.steps)
     eval_auc, eval_loss = trainer.evaluate(cfg.eval_batches)
     if save_state is not None:
-        gather_state(trainer.embeddings, trainer.model, save_state)
+        gather_state(trainer.embeddings, trainer.model, trainer.optimizer, save_state)
     steady = walls[cfg.warmup_steps :]
     summary = {
         "schema": SUMMARY_SCHEMA,

@@ -44,12 +44,18 @@ def test_toml_file(tmp_path: Path) -> None:
         (["micro_batches=33"], 2, "micro_batches: must be <= the per-rank batch (32)"),
         (["data=tsv"], 1, "data_path: required"),
         (["noequals"], 1, "--set: expected key=value"),
+        (["dtype=float16"], 1, "dtype: must be one of float32|float64, got 'float16'"),
     ],
 )
 def test_bad_values_name_the_key(sets: list[str], world: int, starts: str) -> None:
     with pytest.raises(RecprofError) as info:
         validate(load_config(TINY, sets), world)
     assert str(info.value).startswith(starts)
+
+
+def test_dtype_defaults_to_float32() -> None:
+    assert load_config(TINY).dtype == "float32"
+    assert load_config(TINY, ["dtype=float64"]).dtype == "float64"
 
 
 def test_missing_file() -> None:

@@ -1,8 +1,9 @@
 """Real multi-process runs under torchrun (gloo): exactness, HSP, QComms/reshape bytes, learning.
 
 Exactness is checked from outside, on the `--save-state` files, the way a user would compare
-two runs. The HSP comparison has a bugged counterpart that must fail, so the tolerance is shown
-to be tight enough to catch a real mistake.
+two runs: float64 runs of the lossless knobs agree with the synchronous baseline to
+EXACT_ATOL on every saved tensor and every step's loss. DBP, FWP and HSP each have a bugged
+counterpart that must fail the same check, so the tolerance is shown to catch a real mistake.
 """
 
 from __future__ import annotations
@@ -12,7 +13,19 @@ import subprocess
 
 import pytest
 import torch
-from nestpipe_runs import DEMO, REPO, TINY, Run, Runs, check, states_close, torchrun
+from nestpipe_runs import (
+    DEMO,
+    EXACT_ATOL,
+    REPO,
+    TINY,
+    Run,
+    Runs,
+    assert_exact,
+    check,
+    saved_tensors,
+    state_diff,
+    torchrun,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -24,22 +37,19 @@ def _losses(run: Run) -> torch.Tensor:
 @pytest.mark.parametrize("variant", ["row_fused", "row_unfused", "table_fused", "table_unfused"])
 def test_two_ranks_equal_one_rank(runs: Runs, variant: str) -> None:
     one, two = runs.single(), runs[variant]
-    assert states_close(one.state, two.state)
-    assert torch.allclose(_losses(one), _losses(two), rtol=1e-5)
+    assert_exact(one, two)
     assert two.summary["bytes_per_step"]["embedding_a2a_fwd"] > 0  # really sharded
 
 
 @pytest.mark.parametrize("variant", ["fwp2", "fwp4_clustered"])
 def test_frozen_window_equals_synchronous(runs: Runs, variant: str) -> None:
-    assert states_close(runs.single().state, runs[variant].state)
-    assert torch.allclose(_losses(runs.single()), _losses(runs[variant]), rtol=1e-5)
+    assert_exact(runs.single(), runs[variant])
 
 
 @pytest.mark.parametrize("variant", ["dbp", "dbp_fwp4_clustered"])
 def test_dual_buffer_pipelining_equals_synchronous(runs: Runs, variant: str) -> None:
     run = runs[variant]
-    assert states_close(runs.single().state, run.state)
-    assert torch.allclose(_losses(runs.single()), _losses(run), rtol=1e-5)
+    assert_exact(runs.single(), run)
     # Zipf data: consecutive batches share rows, so the refresh really had work to do.
     assert run.summary["bytes_per_step"]["dbp_refresh"] > 0
 
@@ -63,23 +73,23 @@ def test_dbp_prefetch_skips_rows_the_update_changes(runs: Runs) -> None:
 
 
 def test_dbp_without_dual_buffer_sync_is_caught(runs: Runs) -> None:
-    assert not states_close(runs.single().state, runs["dbp_bugged"].state)
+    assert state_diff(runs.single().state, runs["dbp_bugged"].state) > EXACT_ATOL
 
 
 @pytest.mark.parametrize("variant", ["hsp2_dbp_fwp2", "hsp2_fwp2_clustered"])
 def test_pipelining_with_hsp_equals_synchronous(runs: Runs, variant: str) -> None:
     run = runs[variant]
-    assert states_close(runs["hsp1"].state, run.state)
+    assert_exact(runs["hsp1"], run)
     assert run.state["replica_max_abs_diff"] == 0.0
 
 
 def test_dropping_micro_batch_gradients_is_caught(runs: Runs) -> None:
-    assert not states_close(runs.single().state, runs["fwp4_bugged"].state)
+    assert state_diff(runs.single().state, runs["fwp4_bugged"].state) > EXACT_ATOL
 
 
 def test_hsp_two_groups_equal_one_group(runs: Runs) -> None:
     flat, hsp = runs["hsp1"], runs["hsp2"]
-    assert states_close(flat.state, hsp.state)
+    assert_exact(flat, hsp)
     assert hsp.state["replica_max_abs_diff"] == 0.0  # both groups hold identical replicas
     assert hsp.summary["bytes_per_step"]["hsp_allreduce"] > 0
     assert flat.summary["bytes_per_step"]["hsp_allreduce"] == 0
@@ -87,7 +97,7 @@ def test_hsp_two_groups_equal_one_group(runs: Runs) -> None:
 
 def test_skipping_the_cross_group_allreduce_is_caught(runs: Runs) -> None:
     bugged = runs["hsp2_bugged"]
-    assert not states_close(runs["hsp1"].state, bugged.state)
+    assert state_diff(runs["hsp1"].state, bugged.state) > EXACT_ATOL
     assert bugged.state["replica_max_abs_diff"] > 1e-4
 
 
@@ -95,7 +105,7 @@ def test_skipping_the_cross_group_allreduce_is_caught(runs: Runs) -> None:
 def test_lossy_wire_formats_cut_bytes_by_their_width(
     runs: Runs, qcomms: str, row_bytes: int
 ) -> None:
-    base, run = runs["row_fused"], runs[qcomms]  # tiny.yaml: dim 8, fp32 rows are 32 bytes
+    base, run = runs["fp32"], runs[qcomms]  # tiny.yaml: dim 8, fp32 rows are 32 bytes
     for kind in ("embedding_a2a_fwd", "grad_a2a_bwd"):
         expected = base.summary["bytes_per_step"][kind] * row_bytes / 32
         assert run.summary["bytes_per_step"][kind] == pytest.approx(expected)
@@ -105,7 +115,7 @@ def test_lossy_wire_formats_cut_bytes_by_their_width(
 
 
 def test_reshape_halves_bytes_per_lookup(runs: Runs) -> None:
-    base, run = runs["row_fused"], runs["reshape2"]
+    base, run = runs["fp32"], runs["reshape2"]
     assert [tuple(t.shape) for t in run.state["tables"]] == [
         (2 * t.shape[0], t.shape[1] // 2) for t in base.state["tables"]
     ]
@@ -118,6 +128,35 @@ def test_reshape_halves_bytes_per_lookup(runs: Runs) -> None:
 
     assert bytes_per_row(base) == pytest.approx(32.0)
     assert bytes_per_row(run) == pytest.approx(16.0)
+
+
+def test_float64_doubles_every_float_payload(runs: Runs) -> None:
+    """dtype=float64 exchanges float64: twice float32's bytes on every float exchange, the
+    same slots; every saved tensor is float64 (the dense optimizer's step count aside). A
+    float32 HSP all-reduce would show as a 1e-9 miss in test_hsp_two_groups_equal_one_group."""
+    wide, narrow = runs["row_fused"].summary["bytes_per_step"], runs["fp32"].summary[
+        "bytes_per_step"]
+    for kind in ("embedding_a2a_fwd", "grad_a2a_bwd", "dense_allreduce"):
+        assert narrow[kind] > 0
+        assert wide[kind] == 2 * narrow[kind]
+    assert wide["key_a2a"] == narrow["key_a2a"]
+    for name, tensor in saved_tensors(runs["row_fused"].state).items():
+        expected = torch.float32 if name.endswith("/step") else torch.float64
+        assert tensor.dtype == expected, name
+    assert all(t.dtype == torch.float32 for t in saved_tensors(runs["fp32"].state).values())
+
+
+def test_lossy_wire_formats_stay_lossy_in_float64(runs: Runs) -> None:
+    """QComms in float64 mode: the same bf16 wire bytes as in float32 (a quarter of float64's),
+    decoded to float64 and trained on, so the run leaves the lossless one by far more than
+    EXACT_ATOL."""
+    run, lossless = runs["bf16_f64"], runs["row_fused"]
+    for kind in ("embedding_a2a_fwd", "grad_a2a_bwd"):
+        assert run.summary["bytes_per_step"][kind] == runs["bf16"].summary["bytes_per_step"][kind]
+        assert run.summary["bytes_per_step"][kind] == lossless.summary["bytes_per_step"][kind] / 4
+    assert run.state["dtype"] == "float64"
+    assert state_diff(lossless.state, run.state) > 1e-6
+    assert abs(run.summary["final_loss"] - lossless.summary["final_loss"]) < 0.05
 
 
 def test_demo_config_learns_on_two_ranks(tmp_path) -> None:

@@ -1,5 +1,6 @@
 """The emulated two-node cluster (benchmarks/emulated_cluster.py): a job across shaped
-namespaces trains exactly like one process, and nothing is left behind."""
+namespaces trains exactly like one process (float64, to EXACT_ATOL), and nothing is left
+behind."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 from job_failure import explain_job
-from nestpipe_runs import REPO, TINY, Run, Runs, states_close
+from nestpipe_runs import F64, REPO, TINY, Run, Runs, assert_exact
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from emulated_cluster import EmulatedCluster
@@ -24,10 +25,11 @@ def test_pipelined_job_across_two_namespaces(runs: Runs, tmp_path) -> None:
         assert len(cluster.leftovers()) == 2
         results = cluster.torchrun(1, [
             "-m", "recprof.nestpipe", "--config", str(TINY), "--set", "dbp=true",
-            "--set", "micro_batches=2", "--out", str(out), "--save-state", str(out / "state.pt"),
+            "--set", "micro_batches=2", "--set", F64, "--out", str(out),
+            "--save-state", str(out / "state.pt"),
         ], port=29577, timeout=300)
     assert [r.returncode for r in results] == [0, 0], "\n".join(map(explain_job, results))
     assert cluster.leftovers() == []
     run = Run.load(out)
-    assert states_close(runs.single().state, run.state)
+    assert_exact(runs.single(), run)
     assert run.summary["bytes_per_step"]["embedding_a2a_fwd"] > 0

@@ -105,6 +105,26 @@ def test_codec_roundtrip(qcomms: str, direction: str, row_bytes: int, tol: float
         assert wire.dtype == torch.uint8  # gloo cannot carry float8 itself
 
 
+@pytest.mark.parametrize(("qcomms", "row_bytes", "tol"),
+                         [("fp32", 128, 0.0), ("bf16", 32, 8e-3), ("fp8", 20, 7e-2)])
+def test_codec_in_float64_mode(qcomms: str, row_bytes: int, tol: float) -> None:
+    """fp32 (lossless) carries the run's float64 exactly; the lossy formats keep their wire
+    and decode back to float64."""
+    codec = Codec(qcomms, "fwd", torch.float64)
+    rows = torch.randn(50, 16, dtype=torch.float64) * torch.logspace(
+        -4, 2, 50, dtype=torch.float64).unsqueeze(1)
+    wire = codec.encode(rows)
+    assert codec.row_bytes(16) == row_bytes
+    assert wire.shape[0] * row_bytes == wire.numel() * wire.element_size()
+    assert codec.empty(3, 16, torch.device("cpu")).dtype == wire.dtype
+    back = codec.decode(wire, 16)
+    assert back.dtype == torch.float64
+    rel = ((back - rows).abs().amax(1) / rows.abs().amax(1)).max().item()
+    assert rel <= tol
+    if qcomms != "fp32":
+        assert rel > 1e-6  # still lossy
+
+
 def test_auc_matches_pairwise_count() -> None:
     rng = np.random.default_rng(0)
     scores = np.round(rng.random(60), 1)  # plenty of ties
@@ -130,6 +150,30 @@ def test_single_rank_run_in_process(tmp_path: Path) -> None:
         "dbp_refresh",
     }
     assert summary["bytes_per_step"]["embedding_a2a_fwd"] == 0  # one rank sends nothing
+
+
+def test_float64_state_holds_every_trained_tensor_in_float64(tmp_path: Path) -> None:
+    """--save-state in float64 mode: tables, row-wise Adagrad, dense parameters and the dense
+    optimizer's state for every dense parameter, all float64 (Adagrad's step count is torch's
+    float32 scalar)."""
+    from recprof.nestpipe.state import STATE_SCHEMA
+    from recprof.nestpipe.trainer import run
+
+    cfg = load_config(TINY, ["dtype=float64", "steps=3", "warmup_steps=1", "eval_batches=1"])
+    summary = run(cfg, tmp_path, tmp_path / "state.pt")
+    assert summary is not None and summary["config"]["dtype"] == "float64"
+    state = torch.load(tmp_path / "state.pt")
+    assert (state["schema"], state["dtype"]) == (STATE_SCHEMA, "float64")
+    assert [tuple(t.shape) for t in state["tables"]] == [(n, 8) for n in cfg.table_rows()]
+    assert [t.shape[0] for t in state["table_adagrad"]] == cfg.table_rows()
+    assert state["dense_optimizer"].keys() == state["dense"].keys()
+    for per_param in state["dense_optimizer"].values():
+        assert per_param.keys() == {"step", "sum"}
+        assert per_param["step"].dtype == torch.float32 and float(per_param["step"]) == 3
+        assert per_param["sum"].dtype == torch.float64 and bool((per_param["sum"] > 0).any())
+    floats = [*state["tables"], *state["table_adagrad"], *state["dense"].values()]
+    assert all(t.dtype == torch.float64 for t in floats)
+    assert any(bool((t > 0).any()) for t in state["table_adagrad"])  # Adagrad state trained
 
 
 def test_tsv_training_in_process(tmp_path: Path) -> None:
