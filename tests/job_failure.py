@@ -61,3 +61,18 @@ def explain_job(proc: subprocess.CompletedProcess[str], run_dir: Path | None = N
     return (f"{failure_headline(proc.stdout + proc.stderr, run_dir)}\n"
             f"command: {command}\nexit status {proc.returncode}\n"
             f"--- last lines of stdout\n{out}\n--- last lines of stderr\n{err}")
+
+
+def assert_captured(proc: subprocess.CompletedProcess[str], run_dir: Path) -> None:
+    """A job run under `recprof capture` finished. A rank that aborted at exit after its trace
+    was complete (the gloo exit race, recprof/exit_race.py) counts as finished: the crash is in
+    the job's own teardown, capture reported it as such, and every trace is whole. Anything
+    else fails with capture's explanation of what happened."""
+    if proc.returncode == 0:
+        return
+    manifest = run_dir / "manifest.json"
+    ranks = json.loads(manifest.read_text())["ranks"] if manifest.exists() else []
+    exits = {(r.get("exit") or {}).get("status") for r in ranks}
+    whole = bool(ranks) and all(not r.get("missing") for r in ranks)
+    assert whole and "aborted_at_exit" in exits and exits <= {"completed", "aborted_at_exit"}, (
+        explain_job(proc, run_dir))

@@ -5,8 +5,13 @@ Each switch is a pattern seen in real training scripts:
     --no-optimizer        parameters updated by hand (no torch.optim): capture steps on forward
     --manual-steps        a custom loop that marks its steps with `recprof.step()`
     --self-profile        the script runs torch.profiler itself: capture must step aside
+    --legacy-profiler disabled|enabled   the loop runs inside torch.autograd.profiler.profile
+                          (facebookresearch/dlrm always enters one, `enabled=False` unless asked
+                          to profile): capture steps aside only for an enabled one
     --crash-rank R --crash-step S   rank R raises at step S (the others block, then die)
     --step-sleep SECONDS  slow steps (room for a Ctrl-C inside the window)
+    --slow-steps FIRST LAST --slow-step-sleep SECONDS   iterations FIRST..LAST sleep that much
+                          more: a slow start, or a slow stretch in mid-run
     --abort-at-exit       SIGABRT in interpreter teardown, after the exit handlers ran: what the
                           gloo exit race does (recprof/exit_race.py; TorchRec's golden DLRM
                           aborted so in 1 run of 3)
@@ -14,6 +19,9 @@ Each switch is a pattern seen in real training scripts:
 
     torchrun --standalone --nproc_per_node 2 examples/capture_cases/tiny_job.py --steps 8
     python examples/capture_cases/tiny_job.py --steps 8      # one process, world size 1
+
+Sleeps come at the top of an iteration, so under capture's optimizer steps iteration i (i >= 1)
+is step i of the step log.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import gc
 import os
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,10 +46,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--no-optimizer", action="store_true")
     parser.add_argument("--manual-steps", action="store_true")
-    parser.add_argument("--self-profile", action="store_true")
+    own = parser.add_mutually_exclusive_group()
+    own.add_argument("--self-profile", action="store_true")
+    own.add_argument("--legacy-profiler", choices=("disabled", "enabled"))
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-step", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--slow-steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
+    parser.add_argument("--slow-step-sleep", type=float, default=0.0)
     parser.add_argument("--abort-at-exit", action="store_true")
     parser.add_argument("--abort-after-loop", action="store_true")
     return parser.parse_args()
@@ -50,6 +63,28 @@ def abort_in_teardown() -> None:
     """From an exit handler, arm an abort for the interpreter's teardown garbage collection,
     which runs after every exit handler: the moment the gloo runloop race aborts."""
     gc.callbacks.append(lambda phase, info: os.abort())
+
+
+def own_profiler(args: argparse.Namespace) -> AbstractContextManager[Any]:
+    """The profiler the script runs itself around its loop, if any."""
+    if args.self_profile:
+        return torch.profiler.profile(
+            schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                os.path.join(tempfile.gettempdir(), f"tiny_job_self_profile_{os.getpid()}")
+            ),
+        )
+    if args.legacy_profiler:  # as dlrm_s_pytorch.py: profile(args.enable_profiling, ...)
+        return torch.autograd.profiler.profile(
+            args.legacy_profiler == "enabled", record_shapes=True
+        )
+    return nullcontext()
+
+
+def sleep_before(args: argparse.Namespace, step: int) -> float:
+    """Seconds iteration `step` sleeps before its work."""
+    slow = args.slow_steps is not None and args.slow_steps[0] <= step <= args.slow_steps[1]
+    return args.step_sleep + (args.slow_step_sleep if slow else 0.0)
 
 
 def main() -> None:
@@ -65,18 +100,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
-    own_profiler = (
-        torch.profiler.profile(
-            schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1),
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(
-                os.path.join(tempfile.gettempdir(), f"tiny_job_self_profile_{os.getpid()}")
-            ),
-        )
-        if args.self_profile
-        else nullcontext()
-    )
-    with own_profiler as prof:
+    with own_profiler(args) as prof:
         for step in range(args.steps):
+            time.sleep(sleep_before(args, step))
             if rank == args.crash_rank and step == args.crash_step:
                 raise RuntimeError(f"injected failure on rank {rank} at step {step}")
             x = torch.randn(64, 32)
@@ -94,9 +120,8 @@ def main() -> None:
                 import recprof
 
                 recprof.step()
-            if prof is not None:
+            if args.self_profile:
                 prof.step()
-            time.sleep(args.step_sleep)
     if args.abort_after_loop:
         os.abort()
     dist.destroy_process_group()

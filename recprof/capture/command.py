@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,12 +14,17 @@ from rich.table import Table
 
 from recprof.capture import layout
 from recprof.capture.finish import analyze_and_report
-from recprof.capture.launcher import CaptureOptions, job_env, run_job
+from recprof.capture.launcher import job_env, run_job
+from recprof.capture.layout import ExitStatus, RunStatus, Schedule
 from recprof.capture.manifest import build_manifest, write_manifest
 from recprof.capture.progress import EventTail
 from recprof.errors import RecprofError
 
 DEFAULT_ROOT = Path("recprof-runs")
+DEFAULT = Schedule()
+# Capture's exit status when the job exited 0 but no rank wrote a trace (a failed job's own
+# non-zero status is kept; 2 is a user error, see recprof/cli.py).
+NO_TRACE_EXIT = 3
 
 
 def capture(
@@ -31,12 +36,18 @@ def capture(
         Path | None,
         typer.Option("--out", help="Run folder [default: recprof-runs/<time>-<command>]"),
     ] = None,
-    wait: Annotated[int, typer.Option(min=0, help="Steps to skip before warming up.")] = 5,
-    warmup: Annotated[int, typer.Option(min=0, help="Steps profiled but discarded.")] = 2,
-    active: Annotated[int, typer.Option(min=1, help="Steps recorded in each trace.")] = 5,
+    wait: Annotated[
+        int, typer.Option(min=0, help="Steps to skip before warming up.")
+    ] = DEFAULT.wait,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="Steps profiled but discarded.")
+    ] = DEFAULT.warmup,
+    active: Annotated[
+        int, typer.Option(min=1, help="Steps recorded in each trace.")
+    ] = DEFAULT.active,
     with_stack: Annotated[
         bool, typer.Option("--with-stack", help="Record Python stacks (about 3x the cost).")
-    ] = False,
+    ] = DEFAULT.with_stack,
     no_report: Annotated[
         bool, typer.Option("--no-report", help="Skip analyze + report at the end.")
     ] = False,
@@ -47,7 +58,7 @@ def capture(
 
     Each rank writes a trace of steps wait+warmup .. wait+warmup+active-1, a wall-time log of
     every step and its metadata; the run's manifest says what was captured and what is missing.
-    Exits with the job's exit status.
+    Exits with the job's exit status, or 3 when the job exited 0 but no trace was captured.
     """
     if not command:
         raise RecprofError("no command to run: recprof capture [OPTIONS] -- CMD ARGS...")
@@ -65,9 +76,9 @@ def capture(
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
 
     console = Console(stderr=True, highlight=False)
-    options = CaptureOptions(wait=wait, warmup=warmup, active=active, with_stack=with_stack)
-    write_manifest(run_dir, build_manifest(run_dir, command, options, job=None))
-    first, last = wait + warmup, wait + warmup + active - 1
+    schedule = Schedule(wait=wait, warmup=warmup, active=active, with_stack=with_stack)
+    write_manifest(run_dir, build_manifest(run_dir, command, schedule, job=None))
+    first, last = schedule.window_steps
     console.print(
         f"[bold cyan]recprof capture[/] into [bold]{escape(str(run_dir))}[/]: "
         f"steps {first}-{last} of every rank are recorded"
@@ -76,14 +87,14 @@ def capture(
     tail = EventTail(run_dir, console)
     job = run_job(
         command,
-        job_env(run_dir, options),
+        job_env(run_dir, schedule),
         on_tick=tail.poll,
         on_signal=lambda got, sent: console.print(
             f"[yellow]recprof: {got} received, sending {sent} to the job[/]"
         ),
     )
     tail.poll()
-    manifest = build_manifest(run_dir, command, options, job)
+    manifest = build_manifest(run_dir, command, schedule, job)
     _print_summary(console, manifest, write_manifest(run_dir, manifest))
 
     if not no_report:
@@ -96,7 +107,21 @@ def capture(
         if outcome.note:
             console.print(f"[yellow]recprof: {escape(outcome.note)}[/]")
         write_manifest(run_dir, manifest)
-    raise typer.Exit(job.returncode)
+    raise typer.Exit(exit_status(console, manifest, job.returncode))
+
+
+def exit_status(console: Console, manifest: dict[str, Any], job_returncode: int) -> int:
+    """The job's status, unless it is 0 and nothing was captured: a run without a trace must
+    not pass for a successful capture in a script or CI. The reason goes to stderr."""
+    if manifest["captured"]["traces"]:
+        return job_returncode
+    code = job_returncode or NO_TRACE_EXIT
+    reasons = manifest["missing"] or ["no rank said why"]
+    more = f" (and {len(reasons) - 1} more above)" if len(reasons) > 1 else ""
+    console.print(
+        f"[red]recprof: no trace was captured, exit {code}:[/] {escape(reasons[0])}{more}"
+    )
+    return code
 
 
 def _run_name(program: str) -> str:
@@ -122,7 +147,7 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
             f"{r['trace_bytes'] / 1e6:.1f}" if r.get("trace_bytes") else "-",
             str(r["trace_events"] or "-"),
             f"{steps[0]}-{steps[1]}" if steps else "-",
-            ended if exit_["status"] == "completed" else f"[red]{escape(ended)}[/]",
+            ended if exit_["status"] == ExitStatus.COMPLETED else f"[red]{escape(ended)}[/]",
         )
     console.print(table)
     for line in manifest["missing"]:
@@ -130,8 +155,11 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
     for r in manifest["ranks"]:
         if not r.get("missing") and r["outcome"] != "trace complete":
             console.print(f"[yellow]rank {r['rank']}:[/] {escape(r['outcome'])}")
+    window = manifest.get("window_check")
+    if window and window["warning"]:
+        console.print(f"[yellow]window:[/] {escape(window['warning'])}")
     status = manifest["status"]
-    colour = "green" if status == "completed" else "red"
+    colour = "green" if status == RunStatus.COMPLETED else "red"
     why = f": {manifest['exit_explanation']}" if manifest.get("exit_explanation") else ""
     console.print(
         f"job [{colour}]{status}[/] (exit {manifest['exit_code']}){escape(why)}; "

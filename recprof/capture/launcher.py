@@ -24,16 +24,6 @@ _ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 _REAP_GRACE_S = 5.0
 
 
-@dataclass(frozen=True)
-class CaptureOptions:
-    """The profiled window and what the profiler records, as the user asked."""
-
-    wait: int
-    warmup: int
-    active: int
-    with_stack: bool
-
-
 @dataclass
 class JobResult:
     """How the job ended, in shell convention (128 + N for death by signal N)."""
@@ -46,17 +36,14 @@ class JobResult:
     leftovers_killed: bool = False
 
 
-def job_env(run_dir: Path, options: CaptureOptions) -> dict[str, str]:
+def job_env(run_dir: Path, schedule: layout.Schedule) -> dict[str, str]:
     """The user's environment plus the hook folder on PYTHONPATH and the window settings."""
     env = dict(os.environ)
     env.pop(layout.ENV_OWNER, None)  # capture inside a captured job starts afresh
     previous = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(INJECT_DIR) + (os.pathsep + previous if previous else "")
     env[layout.ENV_DIR] = str(run_dir.resolve())
-    env[layout.ENV_WAIT] = str(options.wait)
-    env[layout.ENV_WARMUP] = str(options.warmup)
-    env[layout.ENV_ACTIVE] = str(options.active)
-    env[layout.ENV_WITH_STACK] = "1" if options.with_stack else "0"
+    env.update(schedule.to_env())
     env[layout.ENV_LAUNCHER_PID] = str(os.getpid())
     return env
 

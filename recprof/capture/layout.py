@@ -1,15 +1,19 @@
-"""Where everything of one capture run lives, and the environment contract launcher -> workers.
+"""What the launcher and the ranks share: the run folder, the environment contract, the step
+log's format and the status vocabulary of the files the ranks leave.
 
 The launcher and the in-process hook run in different processes (often on different Python
-start-ups), so the only things they share are this folder layout and a few environment
-variables. Both sides import them from here so a rename cannot split them. No torch import.
+start-ups), so the only things they share are this folder layout, a few environment variables
+and the words written into the files. Both sides import them from here so a rename cannot split
+them. No torch import.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,123 @@ ENV_WITH_STACK = "RECPROF_CAPTURE_WITH_STACK"
 ENV_LAUNCHER_PID = "RECPROF_CAPTURE_LAUNCHER_PID"
 # Set by the process that activated; its children (DataLoader/compile workers) stay quiet.
 ENV_OWNER = "RECPROF_CAPTURE_OWNER"
+
+
+class Phase(enum.StrEnum):
+    """A step's `phase` in the step log."""
+
+    WAIT = "wait"  # the profiler is idle
+    WARMUP = "warmup"  # the profiler runs, its events are discarded
+    ACTIVE = "active"  # recorded: the trace's ProfilerStep#N
+    AFTER = "after"  # the window is over, the profiler gone
+    UNPROFILED = "unprofiled"  # capture stepped aside or its profiler failed
+
+
+class StepSource(enum.StrEnum):
+    """Where a rank's step boundaries come from (metadata `step_source`)."""
+
+    OPTIMIZER = "optimizer"  # the global optimizer step post-hook
+    FORWARD = "forward"  # the forward pre-hook of the outermost module (no torch optimizer)
+    MANUAL = "manual"  # `recprof.step()`
+
+
+class ProfilerStatus(enum.StrEnum):
+    """The metadata's `profiler.status`: how far a rank's trace got."""
+
+    NOT_STARTED = "not_started"  # no step boundary yet
+    WAITING = "waiting"  # started, before the recorded steps
+    RECORDING = "recording"  # inside the recorded steps
+    WRITTEN = "written"  # the whole window is in the trace file
+    PARTIAL = "partial"  # the rank ended inside the window; what it recorded was saved
+    STEPPED_ASIDE = "stepped_aside"  # the job runs its own profiler
+    NOT_REACHED = "not_reached"  # the rank ended before the window
+    FAILED = "failed"  # the profiler raised; no trace
+
+
+class ExitStatus(enum.StrEnum):
+    """How a rank ended. The rank's own exit record says one of the first four; the manifest adds
+    the last two from a fatal-signal report (`fatal_signal` below)."""
+
+    COMPLETED = "completed"
+    EXCEPTION = "exception"  # an uncaught exception
+    INTERRUPTED = "interrupted"  # KeyboardInterrupt (Ctrl-C forwarded as SIGINT)
+    SIGNAL = "signal"  # SIGTERM (torchrun stopping the survivors)
+    ABORTED_AT_EXIT = "aborted_at_exit"  # a fatal signal after a completed exit record
+    FATAL_SIGNAL = "fatal_signal"  # a fatal signal before any exit handler ran
+
+
+class RunStatus(enum.StrEnum):
+    """The manifest's `status`: the run as a whole."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class EventKind(enum.StrEnum):
+    """The `event` of a line in events.jsonl (what the launcher prints while the job runs)."""
+
+    STARTED = "started"
+    WINDOW = "window"  # recording starts
+    TRACE = "trace"  # the trace file is written
+    ASIDE = "aside"  # capture stepped aside
+    EXIT = "exit"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The profiled window, in steps counted from the first step boundary, and what the profiler
+    records. The defaults are capture's defaults."""
+
+    wait: int = 5
+    warmup: int = 2
+    active: int = 5
+    with_stack: bool = False
+
+    @classmethod
+    def from_env(cls) -> Schedule:
+        """Read what the launcher put in the environment (`to_env`)."""
+        default = cls()
+        return cls(
+            wait=int(os.environ.get(ENV_WAIT, default.wait)),
+            warmup=int(os.environ.get(ENV_WARMUP, default.warmup)),
+            active=int(os.environ.get(ENV_ACTIVE, default.active)),
+            with_stack=os.environ.get(ENV_WITH_STACK) == "1",
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that carry this schedule to the ranks."""
+        return {
+            ENV_WAIT: str(self.wait),
+            ENV_WARMUP: str(self.warmup),
+            ENV_ACTIVE: str(self.active),
+            ENV_WITH_STACK: "1" if self.with_stack else "0",
+        }
+
+    @property
+    def first_active(self) -> int:
+        """First recorded step."""
+        return self.wait + self.warmup
+
+    @property
+    def end(self) -> int:
+        """First step after the window."""
+        return self.wait + self.warmup + self.active
+
+    @property
+    def window_steps(self) -> list[int]:
+        """[first, last] recorded step, as the metadata and the manifest write it."""
+        return [self.first_active, self.end - 1]
+
+    def phase(self, step: int) -> Phase:
+        """The window phase a step falls in."""
+        if step < self.wait:
+            return Phase.WAIT
+        if step < self.first_active:
+            return Phase.WARMUP
+        return Phase.ACTIVE if step < self.end else Phase.AFTER
+
 
 TRACES = "traces"
 STEPS = "steps"
@@ -43,6 +164,56 @@ def trace_name(rank: int, host: str) -> str:
 def steps_path(run_dir: Path, rank: int) -> Path:
     """Per-step wall-time log of one rank (JSON lines, appended every step)."""
     return run_dir / STEPS / f"rank{rank}.jsonl"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One line of a step log: step N runs from step boundary N to boundary N+1 (the trace's
+    `ProfilerStep#N`); `hook_s` is capture's own time at the start of the step, inside `wall_s`;
+    `t_end` is epoch seconds."""
+
+    step: int
+    wall_s: float
+    hook_s: float
+    phase: Phase
+    t_end: float
+
+    def to_line(self) -> str:
+        """The JSON line, formatted by hand: it is written at every step of the job."""
+        return (
+            f'{{"step": {self.step}, "wall_s": {self.wall_s:.6f}, '
+            f'"hook_s": {self.hook_s:.6f}, "phase": "{self.phase}", "t_end": {self.t_end:.6f}}}\n'
+        )
+
+    @property
+    def job_s(self) -> float:
+        """The job's own time in the step: its wall time less capture's hook (which includes
+        the trace export in the step after the window)."""
+        return self.wall_s - self.hook_s
+
+
+def read_step_log(run_dir: Path, rank: int) -> list[StepRecord]:
+    """A rank's step log; an unreadable line (the last one of a rank killed mid-write) ends it."""
+    records: list[StepRecord] = []
+    try:
+        lines = steps_path(run_dir, rank).read_text().splitlines()
+    except OSError:
+        return records
+    for line in lines:
+        try:
+            data = json.loads(line)
+            records.append(
+                StepRecord(
+                    step=int(data["step"]),
+                    wall_s=float(data["wall_s"]),
+                    hook_s=float(data["hook_s"]),
+                    phase=Phase(data["phase"]),
+                    t_end=float(data["t_end"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError):  # ValueError covers JSONDecodeError
+            break
+    return records
 
 
 def meta_path(run_dir: Path, rank: int) -> Path:

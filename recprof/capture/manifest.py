@@ -1,9 +1,10 @@
 """The run's manifest: what was captured, per rank, and what is missing and why.
 
 Built by the launcher from what the ranks left in the run folder (it never trusts that a rank
-finished: a rank killed by SIGKILL leaves metadata that still says "running"), so it is right
+finished: a rank killed by SIGKILL leaves metadata that still says "recording"), so it is right
 after crashes, early exits and Ctrl-C too. Written once before the job starts (status
-"running") and again at the end.
+"running") and again at the end, when it also says whether the recorded window is
+representative of the run (window_check.py).
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from typing import Any
 import orjson
 
 from recprof.capture import layout
-from recprof.capture.launcher import CaptureOptions, JobResult
+from recprof.capture.launcher import JobResult
+from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule
+from recprof.capture.window_check import check_window
 
 SCHEMA = "recprof.capture.manifest/1"
 
 
 def build_manifest(
-    run_dir: Path, command: list[str], options: CaptureOptions, job: JobResult | None
+    run_dir: Path, command: list[str], schedule: Schedule, job: JobResult | None
 ) -> dict[str, Any]:
     """Describe the run folder as it is now; `job` is None while the job is still running."""
     metas = _read_metas(run_dir)
@@ -44,20 +47,22 @@ def build_manifest(
             "no rank started capturing: the command started no Python process with RANK set, "
             "or its Python cannot import recprof"
         )
+    window = (
+        check_window([layout.read_step_log(run_dir, m["rank"]) for m in metas], schedule)
+        if job is not None
+        else None
+    )
     return {
         "schema": SCHEMA,
         "status": _status(job),
         "command": command,
         "capture": {
-            "wait": options.wait,
-            "warmup": options.warmup,
-            "active": options.active,
-            "window_steps": [
-                options.wait + options.warmup,
-                options.wait + options.warmup + options.active - 1,
-            ],
+            "wait": schedule.wait,
+            "warmup": schedule.warmup,
+            "active": schedule.active,
+            "window_steps": schedule.window_steps,
             "record_shapes": True,
-            "with_stack": options.with_stack,
+            "with_stack": schedule.with_stack,
         },
         "host": socket.gethostname(),
         "started_at": job.started_at if job else time.time(),
@@ -75,6 +80,7 @@ def build_manifest(
         "ranks": ranks,
         "missing": missing,
         "exit_explanation": _exit_explanation(ranks, job),
+        "window_check": window.to_json() if window is not None else None,
         "analysis": None,
         "report": None,
     }
@@ -87,12 +93,12 @@ def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
-def _status(job: JobResult | None) -> str:
+def _status(job: JobResult | None) -> RunStatus:
     if job is None:
-        return "running"
+        return RunStatus.RUNNING
     if job.forwarded:
-        return "interrupted"
-    return "completed" if job.returncode == 0 else "failed"
+        return RunStatus.INTERRUPTED
+    return RunStatus.COMPLETED if job.returncode == 0 else RunStatus.FAILED
 
 
 def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
@@ -146,23 +152,28 @@ def _exit_record(
         return ended
     number = getattr(signal.Signals, fatal, None)
     code = 128 + number.value if number is not None else None
-    if ended is not None and ended.get("status") == "completed":
-        return {"status": "aborted_at_exit", "signal": fatal, "code": code}
+    if ended is not None and ended.get("status") == ExitStatus.COMPLETED:
+        return {"status": ExitStatus.ABORTED_AT_EXIT, "signal": fatal, "code": code}
     if ended is not None:
         return {**ended, "then": f"died by {fatal} at exit"}
-    return {"status": "fatal_signal", "signal": fatal, "code": code, "after_steps": steps_logged}
+    return {
+        "status": ExitStatus.FATAL_SIGNAL,
+        "signal": fatal,
+        "code": code,
+        "after_steps": steps_logged,
+    }
 
 
 def _death_clause(ended: dict[str, Any] | None) -> str:
     """What followed a complete trace, when the rank did not simply exit."""
-    if not ended or ended.get("status") == "completed":
+    if not ended or ended.get("status") == ExitStatus.COMPLETED:
         return ""
-    if ended["status"] == "aborted_at_exit":
+    if ended["status"] == ExitStatus.ABORTED_AT_EXIT:
         return f"; the process aborted at exit ({ended['signal']})"
-    if ended["status"] == "fatal_signal":
+    if ended["status"] == ExitStatus.FATAL_SIGNAL:
         return (f"; the process then died by {ended['signal']} after {ended['after_steps']} "
                 "steps, before its exit handlers ran")
-    if ended["status"] == "signal":
+    if ended["status"] == ExitStatus.SIGNAL:
         return f"; the process was then stopped by {ended.get('signal')}"
     error = f" ({ended['error']})" if ended.get("error") else ""
     return f"; the process then ended with {ended['status']}{error}"
@@ -181,12 +192,12 @@ def _exit_explanation(ranks: list[dict[str, Any]], job: JobResult | None) -> str
         status = ended.get("status")
         kept = ("after writing complete traces" if r["trace"] and not r.get("missing")
                 else "without complete traces")
-        if status == "aborted_at_exit":
+        if status == ExitStatus.ABORTED_AT_EXIT:
             cause = (f"aborted at exit ({ended['signal']}) {kept}: a crash in process teardown "
                      "after training finished, not in training (see recprof/exit_race.py)")
-        elif status == "fatal_signal":
+        elif status == ExitStatus.FATAL_SIGNAL:
             cause = f"died by {ended['signal']} after {ended['after_steps']} steps, {kept}"
-        elif status in ("exception", "interrupted"):
+        elif status in (ExitStatus.EXCEPTION, ExitStatus.INTERRUPTED):
             cause = f"ended with {status} ({ended.get('error', '')}), {kept}"
         elif not ended:
             cause = "ended without saving anything (SIGKILL, os._exit or a timeout)"
@@ -206,23 +217,29 @@ def _missing_reason(
     prof = meta.get("profiler", {})
     status = prof.get("status")
     first, last = meta.get("window_steps", [None, None])
-    if status == "written":
+    if status == ProfilerStatus.WRITTEN:
         return None
-    if status == "partial":
+    if status == ProfilerStatus.PARTIAL:
         got = prof.get("steps", ["?", "?"])
         return f"trace is partial: steps {got[0]}-{got[1]} of {first}-{last} (rank ended early)"
-    if status == "stepped_aside":
+    if status == ProfilerStatus.STEPPED_ASIDE:
         return (
             f"no recprof trace: the script runs its own profiler ({prof.get('reason')}); "
             "its step times and metadata are here"
         )
-    if status == "failed":
+    if status == ProfilerStatus.FAILED:
         return f"no trace: the profiler failed ({prof.get('error')})"
-    if ended is not None and ended.get("status") == "fatal_signal":
-        where = "while recording" if status == "recording" else f"after {steps_logged} steps"
+    if ended is not None and ended.get("status") == ExitStatus.FATAL_SIGNAL:
+        where = (
+            "while recording" if status == ProfilerStatus.RECORDING
+            else f"after {steps_logged} steps"
+        )
         return f"no trace: the rank died by {ended['signal']} {where}"
     if ended is None:
-        where = "while recording" if status == "recording" else f"after {steps_logged} steps"
+        where = (
+            "while recording" if status == ProfilerStatus.RECORDING
+            else f"after {steps_logged} steps"
+        )
         return (
             f"no trace: the rank was killed {where} without a chance to save "
             "(SIGKILL, os._exit, or stuck until the launcher's timeout)"
@@ -232,7 +249,8 @@ def _missing_reason(
             "no trace: no step boundary was seen (no torch optimizer step, no module call and "
             "no recprof.step())"
         )
-    how = "ended" if ended.get("status") == "completed" else f"ended ({ended.get('status')})"
+    status = ended.get("status")
+    how = "ended" if status == ExitStatus.COMPLETED else f"ended ({status})"
     return (
         f"no trace: the rank {how} after {steps_logged} steps, before the window "
         f"(steps {first}-{last}); lower --wait/--warmup or run longer"

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof.capture import layout
+from recprof.capture.layout import EventKind, ExitStatus
 
 
 class EventTail:
@@ -49,23 +50,23 @@ def describe(event: dict[str, Any]) -> str | None:
     rank = event.get("rank")
     kind = event.get("event")
     who = f"[cyan]recprof[/] rank {rank}:"
-    if kind == "started":
+    if kind == EventKind.STARTED:
         return f"{who} hooked (pid {event.get('pid')})"
-    if kind == "window":
+    if kind == EventKind.WINDOW:
         return f"{who} recording from step {event.get('step')}"
-    if kind == "trace":
+    if kind == EventKind.TRACE:
         first, last = event.get("steps", ["?", "?"])
         partial = " [yellow](partial: the rank ended inside the window)[/]"
         size = event.get("bytes", 0) / 1e6
         return f"{who} trace written, steps {first}-{last}, {size:.1f} MB" + (
             partial if event.get("partial") else ""
         )
-    if kind == "aside":
+    if kind == EventKind.ASIDE:
         reason = escape(str(event.get("reason")))
         return f"{who} [yellow]the script runs its own profiler ({reason}); capture steps aside[/]"
-    if kind == "exit":
+    if kind == EventKind.EXIT:
         status = event.get("status")
-        if status == "completed":
+        if status == ExitStatus.COMPLETED:
             return None
         detail = escape(str(event.get("error") or event.get("signal") or ""))
         return f"{who} [red]ended: {status}[/] {detail}".rstrip()

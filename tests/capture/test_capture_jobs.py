@@ -33,6 +33,8 @@ from capture_helpers import (
     trace_events,
 )
 
+from recprof.capture.command import NO_TRACE_EXIT
+
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
@@ -182,7 +184,9 @@ def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) ->
     proc = run_capture(
         out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6", "--self-profile"
     )
-    assert_finished(proc)
+    # the job ran to its end, but capture recorded nothing: not a successful capture
+    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert manifest(out)["exit_code"] == 0
     assert "already enabled" not in proc.stderr
     assert "runs its own profiler" in proc.stderr
     assert list((out / "traces").iterdir()) == []
@@ -192,19 +196,84 @@ def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) ->
     assert {s["phase"] for s in step_log(out, 0)} == {"unprofiled"}
 
 
+def test_disabled_legacy_profiler_around_the_loop_is_captured(tmp_path: Path) -> None:
+    """facebookresearch/dlrm runs its loop inside torch.autograd.profiler.profile(enabled=
+    args.enable_profiling), off by default: a disabled one records nothing and runs fine inside
+    capture's profiler, so every rank is captured."""
+    out = tmp_path / "run"
+    proc = run_capture(
+        out, (1, 1, 2), *TORCHRUN, "2", str(TINY_JOB), "--steps", "6",
+        "--legacy-profiler", "disabled",
+    )
+    assert_finished(proc)
+    assert "its own profiler" not in proc.stderr
+    man = manifest(out)
+    assert man["captured"]["traces"] == 2 and man["missing"] == []
+    for rank in (0, 1):
+        m = meta(out, rank)
+        assert m["profiler"]["status"] == "written"
+        assert profiler_steps(trace_events(out / m["profiler"]["trace"])[1]) == [2, 3]
+
+
+def test_enabled_legacy_profiler_makes_capture_step_aside(tmp_path: Path) -> None:
+    """An enabled legacy profiler would collide with capture's ("Profiler is already enabled
+    on this thread"): capture steps aside, says so, and exits non-zero for want of a trace."""
+    out = tmp_path / "run"
+    proc = run_capture(
+        out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6",
+        "--legacy-profiler", "enabled",
+    )
+    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert "already enabled" not in proc.stderr
+    assert ("rank 0: this script runs its own profiler (torch.autograd.profiler.profile); "
+            "recprof steps aside") in proc.stderr
+    assert meta(out, 0)["profiler"]["status"] == "stepped_aside"
+    assert list((out / "traces").iterdir()) == []
+    man = manifest(out)
+    assert man["exit_code"] == 0
+    assert len(man["missing"]) == 1 and "its own profiler" in man["missing"][0]
+
+
 def test_job_that_exits_before_the_window(tmp_path: Path) -> None:
-    """Default window (steps 7-11) on a 3-step job: no trace, the manifest says why."""
+    """Default window (steps 7-11) on a 3-step job: no trace, the manifest says why, and capture
+    exits non-zero with the reason although the job itself succeeded."""
     out = tmp_path / "run"
     cmd = capture_cmd(out, None, sys.executable, str(TINY_JOB), "--steps", "3", report=True)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=240, env=JOB_ENV, cwd=REPO_ROOT
     )
-    assert_finished(proc)
+    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert (f"no trace was captured, exit {NO_TRACE_EXIT}: rank 0: no trace: the rank ended "
+            "after 3 steps, before the window") in " ".join(proc.stderr.split())
     man = manifest(out)
+    assert man["exit_code"] == 0 and man["status"] == "completed"
     assert man["captured"]["traces"] == 0 and man["captured"]["step_logs"] == 1
     assert "before the window (steps 7-11)" in man["missing"][0]
     assert meta(out, 0)["profiler"]["status"] == "not_reached"
     assert "nothing to analyze" in proc.stderr
+
+
+def test_a_window_slower_than_the_run_is_called_out(tmp_path: Path) -> None:
+    """A slow start that covers the window: capture says the window is not representative,
+    with both medians and the --wait that puts the window where the steps have settled."""
+    out = tmp_path / "run"
+    # iteration i sleeps in step i: steps 1-7 take 0.25 s, the rest 0.05 s; window 3-5
+    proc = run_capture(
+        out, (2, 1, 3), sys.executable, str(TINY_JOB), "--steps", "16",
+        "--step-sleep", "0.05", "--slow-steps", "1", "7", "--slow-step-sleep", "0.2",
+    )
+    assert_finished(proc)
+    window = manifest(out)["window_check"]
+    assert window["representative"] is False, window
+    assert window["window_steps"] == [3, 5] and window["steady_steps"] == [6, 15]
+    assert window["steady_phase"] == "after"
+    assert 0.25 <= window["window_median_s"] < 0.35 and 0.05 <= window["steady_median_s"] < 0.1
+    assert window["ratio"] > 2.5
+    # steps 8, 9, 10 are the first three in a row at the steady pace; warmup 1 -> --wait 7
+    assert window["settled_from"] == 8 and window["suggestion"] == "--wait 7"
+    summary = " ".join(proc.stderr.split())
+    assert "window: recorded steps 3-5 ran at " in summary
+    assert "the steps settle from step 8: rerun with --wait 7" in summary
 
 
 def test_ctrl_c_is_forwarded_and_leaves_no_orphans(tmp_path: Path) -> None:

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from capture_helpers import REPO_ROOT
 from typer.testing import CliRunner
 
 from recprof.capture import layout
-from recprof.capture.hook import RankCapture, Schedule
-from recprof.capture.launcher import INJECT_DIR, CaptureOptions, JobResult
+from recprof.capture.launcher import INJECT_DIR, JobResult
+from recprof.capture.layout import Phase, Schedule, StepSource
 from recprof.capture.manifest import build_manifest
+from recprof.capture.step_clock import StepClock
 from recprof.cli import app
 from recprof.errors import RecprofError
 
@@ -90,7 +90,7 @@ def test_manifest_explains_a_rank_killed_without_saving(tmp_path: Path) -> None:
     }
     (tmp_path / "meta" / "rank0.json").write_text(json.dumps(stale))
     job = JobResult(returncode=137, pid=1234, started_at=0.0, ended_at=1.0)
-    m = build_manifest(tmp_path, ["torchrun", "x.py"], CaptureOptions(3, 0, 3, False), job)
+    m = build_manifest(tmp_path, ["torchrun", "x.py"], Schedule(3, 0, 3, False), job)
     assert m["status"] == "failed"
     assert m["ranks"][0]["steps_logged"] == 4
     assert "killed while recording" in m["missing"][0]
@@ -134,29 +134,40 @@ class _Handle:
         self.removed = True
 
 
-def test_step_source_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_source_rules(tmp_path: Path) -> None:
     """Forward steps until an optimizer appears; with a dense and a sparse optimizer one step is
     one step of the first; an optimizer that replaces it takes over; recprof.step() wins."""
-    capture = RankCapture(tmp_path, 0, Schedule(wait=1, warmup=1, active=1, with_stack=False))
     boundaries: list[str] = []
-    monkeypatch.setattr(capture, "_boundary", lambda: boundaries.append(str(capture.source)))
+    sources: list[StepSource] = []
+    (tmp_path / layout.STEPS).mkdir()
+    clock = StepClock(
+        layout.steps_path(tmp_path, 0),
+        on_boundary=lambda step: boundaries.append(str(clock.source)),
+        phase_of=lambda step: Phase.WAIT,
+        on_source=sources.append,
+    )
     opt_hook, fwd_hook = _Handle(), _Handle()
-    capture._handles = [opt_hook, fwd_hook]
+    clock.attach(lambda hook: opt_hook, lambda hook: fwd_hook)
     outer, inner, dense, sparse, replacement = (_Thing() for _ in range(5))
 
-    capture._on_forward(outer, ())
-    capture._on_forward(inner, ())  # a submodule: not a step
+    clock.forward_called(outer, ())
+    clock.forward_called(inner, ())  # a submodule: not a step
     assert boundaries == ["forward"]
     for _ in range(2):  # two iterations, each stepping both optimizers
-        capture._on_optimizer_step(dense, (), {})
-        capture._on_optimizer_step(sparse, (), {})
+        clock.optimizer_stepped(dense, (), {})
+        clock.optimizer_stepped(sparse, (), {})
     assert boundaries == ["forward", "optimizer", "optimizer"]
     assert fwd_hook.removed and not opt_hook.removed
-    capture._on_optimizer_step(replacement, (), {})
-    capture._on_optimizer_step(replacement, (), {})  # twice without `dense`: it took over
-    capture._on_optimizer_step(replacement, (), {})
+    clock.optimizer_stepped(replacement, (), {})
+    clock.optimizer_stepped(replacement, (), {})  # twice without `dense`: it took over
+    clock.optimizer_stepped(replacement, (), {})
     assert boundaries[3:] == ["optimizer", "optimizer"]
-    capture.manual_step()
-    capture._on_optimizer_step(replacement, (), {})
+    clock.manual_step()
+    clock.optimizer_stepped(replacement, (), {})
     assert boundaries[5:] == ["manual"] and opt_hook.removed
-    capture.steps_file.close()
+    assert sources == [StepSource.FORWARD, StepSource.OPTIMIZER, StepSource.MANUAL]
+    clock.close()
+    # every boundary but the first ended a step: one log line each, numbered from 0
+    log = layout.read_step_log(tmp_path, 0)
+    assert [r.step for r in log] == list(range(len(boundaries) - 1))
+    assert all(r.phase == Phase.WAIT and r.wall_s >= r.hook_s >= 0 for r in log)

@@ -1,0 +1,134 @@
+"""meta/rank<R>.json: what one rank knows about itself, rewritten whenever it learns more.
+
+Static facts (host, command, environment, schedule) are known at start-up; runtime facts
+(versions, devices, the process group) only once the job has imported torch and started its
+process group. Every rewrite goes through a temporary file and a rename, so the launcher (or a
+kill at any moment) never sees half a file; a rank killed by SIGKILL keeps its last state.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from recprof.capture import layout
+from recprof.capture.layout import ProfilerStatus, Schedule, StepSource
+
+SCHEMA = "recprof.capture.rank/1"
+_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED", "TORCHELASTIC_")
+_ENV_NAMES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+)
+
+
+class RankMeta:
+    """The metadata of one rank and the file it lives in. `steps_logged` is asked at each
+    rewrite, so the file always says how far the rank got."""
+
+    def __init__(
+        self,
+        path: Path,
+        rank: int,
+        host: str,
+        schedule: Schedule,
+        steps_logged: Callable[[], int],
+    ) -> None:
+        self.path = path
+        self.schedule = schedule
+        self.steps_logged = steps_logged
+        env = {
+            k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES
+        }
+        cpu = _cpu_model()
+        self.data: dict[str, Any] = {
+            "schema": SCHEMA,
+            "rank": rank,
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "host": host,
+            "pid": os.getpid(),
+            "command": list(getattr(sys, "orig_argv", sys.argv)),
+            "cwd": os.getcwd(),
+            "python": platform.python_version(),
+            "cpu": cpu,
+            "env": env,
+            "schedule": asdict(schedule),
+            "step_source": None,
+            "profiler": {"status": ProfilerStatus.NOT_STARTED},
+            "started_at": time.time(),
+        }
+
+    @property
+    def profiler_status(self) -> ProfilerStatus:
+        return ProfilerStatus(self.data["profiler"]["status"])
+
+    def write(self) -> None:
+        """Rewrite the file with what is known now."""
+        self.data["steps_logged"] = self.steps_logged()
+        self.data["window_steps"] = self.schedule.window_steps
+        layout.write_json_atomic(self.path, self.data)
+
+    def set_step_source(self, source: StepSource) -> None:
+        self.data["step_source"] = source
+        self.write()
+
+    def set_profiler(self, **fields: Any) -> None:
+        """Update the profiler record (fields given as None are left out) and rewrite."""
+        self.data["profiler"].update({k: v for k, v in fields.items() if v is not None})
+        self.write()
+
+    def record_runtime(self, torch: Any) -> None:
+        """What is only known once the job runs: versions, devices, the process group."""
+        data = self.data
+        data["torch"] = torch.__version__
+        data["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            data["devices"] = [torch.cuda.get_device_name(i) for i in range(count)]
+            data["current_device"] = torch.cuda.current_device()
+            try:
+                data["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            except Exception:
+                data["nccl"] = None
+        else:
+            data["devices"] = [data["cpu"]]
+            data["nccl"] = None
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            data["distributed"] = {
+                "backend": str(dist.get_backend()),
+                "world_size": dist.get_world_size(),
+                "rank": dist.get_rank(),
+            }
+            data["world_size"] = dist.get_world_size()
+        self.write()
+
+    def record_exit(self, ended: dict[str, Any]) -> None:
+        """The exit record, written last."""
+        self.data["exit"] = ended
+        self.data["ended_at"] = time.time()
+        self.write()
+
+
+def _cpu_model() -> str:
+    """The CPU's marketing name (what `devices` holds on a CPU-only run)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

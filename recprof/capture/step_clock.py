@@ -1,0 +1,140 @@
+"""Where a rank's step boundaries come from, and its step log.
+
+Boundaries come from safe main-thread points only (field notes: a timer thread records nothing
+useful, SIGALRM crashed a rank): the global optimizer step post-hook, or, for jobs with no torch
+optimizer, a global forward pre-hook on the first module called (the outermost one), or the
+user's own `recprof.step()`. Each boundary ends the running step, writes its line to
+steps/<rank>.jsonl, and hands the new step number to the profiler window, whose time is logged
+as the step's `hook_s`.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from recprof.capture.layout import Phase, StepRecord, StepSource
+
+
+class Handle(Protocol):
+    """What torch's global hook registrations return."""
+
+    def remove(self) -> None: ...
+
+
+Registrar = Callable[[Callable[..., None]], Handle]
+
+
+class StepClock:
+    """Turns optimizer steps, outermost forwards or `recprof.step()` calls into numbered steps.
+
+    `on_boundary(step)` runs at each boundary with the number of the step that starts (0 at the
+    first) and must not raise; `phase_of(step)` names a finished step's phase for its log line;
+    `on_source(source)` is told when the step source is chosen or changes.
+    """
+
+    def __init__(
+        self,
+        log_path: Path,
+        on_boundary: Callable[[int], None],
+        phase_of: Callable[[int], Phase],
+        on_source: Callable[[StepSource], None],
+    ) -> None:
+        self.log = log_path.open("a", buffering=1)
+        self.on_boundary = on_boundary
+        self.phase_of = phase_of
+        self.on_source = on_source
+        self.source: StepSource | None = None
+        self.step = -1  # the step now running; -1 before the first boundary
+        self._t_last = 0.0
+        self._hook_s = 0.0
+        self._key_module: weakref.ref[Any] | None = None
+        self._key_optimizer: weakref.ref[Any] | None = None
+        self._other_optimizers: set[int] = set()
+        self._optimizer_hook: Handle | None = None
+        self._forward_hook: Handle | None = None
+
+    @property
+    def steps_logged(self) -> int:
+        """Steps whose line is in the log (every step before the running one)."""
+        return max(self.step, 0)
+
+    def attach(self, register_optimizer_hook: Registrar, register_forward_hook: Registrar) -> None:
+        """Register the two automatic sources with torch's global hook registries
+        (`register_optimizer_step_post_hook`, `register_module_forward_pre_hook`)."""
+        self._optimizer_hook = register_optimizer_hook(self.optimizer_stepped)
+        self._forward_hook = register_forward_hook(self.forward_called)
+
+    def optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """One step per step of the first optimizer; with several (dense + sparse) the others
+        are ignored, and one that steps twice in a row without it takes over."""
+        if self.source == StepSource.MANUAL:
+            return
+        if self.source != StepSource.OPTIMIZER:
+            self._remove_hooks(optimizer=False)  # the forward fallback is not needed any more
+            self._key_optimizer = weakref.ref(optimizer)
+            self._set_source(StepSource.OPTIMIZER)
+        elif self._key_optimizer is None or self._key_optimizer() is not optimizer:
+            if id(optimizer) not in self._other_optimizers:
+                self._other_optimizers.add(id(optimizer))
+                return
+            self._key_optimizer = weakref.ref(optimizer)
+        self._other_optimizers.clear()
+        self._boundary()
+
+    def forward_called(self, module: Any, args: Any) -> None:
+        """Fallback for jobs without a torch optimizer: a step starts at each call of the first
+        module ever called, which is the outermost one (DDP's wrapper, not its inner model)."""
+        if self._key_module is None:
+            self._key_module = weakref.ref(module)
+        elif self._key_module() is not module:
+            return
+        if self.source is None:
+            self._set_source(StepSource.FORWARD)
+        self._boundary()
+
+    def manual_step(self) -> None:
+        """`recprof.step()` wins over both automatic sources from its first call on."""
+        if self.source != StepSource.MANUAL:
+            self._remove_hooks(optimizer=True)
+            self._set_source(StepSource.MANUAL)
+        self._boundary()
+
+    def close(self) -> None:
+        """No more lines: the rank is ending."""
+        self.log.close()
+
+    def _set_source(self, source: StepSource) -> None:
+        self.source = source
+        self.on_source(source)
+
+    def _remove_hooks(self, optimizer: bool) -> None:
+        """Remove the forward hook, and the optimizer hook too when `optimizer`."""
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        if optimizer and self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
+
+    def _boundary(self) -> None:
+        """End the running step: log its wall time, then start the next one."""
+        if self.log.closed:  # a forward or step from an exit handler that ran after ours
+            return
+        now = time.perf_counter()
+        if self.step >= 0:
+            record = StepRecord(
+                step=self.step,
+                wall_s=now - self._t_last,
+                hook_s=self._hook_s,
+                phase=self.phase_of(self.step),
+                t_end=time.time(),
+            )
+            self.log.write(record.to_line())
+        self.step += 1
+        self._t_last = now
+        self.on_boundary(self.step)
+        self._hook_s = time.perf_counter() - now

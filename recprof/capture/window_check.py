@@ -1,0 +1,158 @@
+"""Is the recorded window representative of the run? Decided from the step logs, after the job.
+
+The window is a few steps early in the run (by default steps 7-11), and early steps are often
+not steady state: TorchRec's golden DLRM ran steps 7-11 of 1,000 at ~16 ms against ~10 ms in
+steady state. A trace of such a window shows start-up, not training, and nothing in the trace
+says so. The step logs do: they time every step, and the steps outside the window run without
+the profiler. The recorded steps' median is compared with the median of the unprofiled steps
+after the window (the steady state), or of the wait steps before it when too few come after;
+beyond `WINDOW_DEVIATION_LIMIT` the window is called unrepresentative, and the logs are searched
+for the first step from which a window of the same length would have passed.
+
+Step times are the job's own (`StepRecord.job_s`: wall time less capture's hook, which holds the
+trace export in the step after the window); each step's time is the median over the ranks that
+recorded a window (ranks that stepped aside ran a profiler of their own).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from recprof.capture.layout import Phase, Schedule, StepRecord
+
+# A window whose median step time differs from the steady state's by more than this fraction is
+# not representative of the run.
+WINDOW_DEVIATION_LIMIT = 0.20
+# Fewer unprofiled steps than this give no steady state worth comparing with.
+MIN_STEADY_STEPS = 3
+
+
+@dataclass(frozen=True)
+class WindowCheck:
+    """The comparison, as the manifest's `window_check` carries it."""
+
+    window_steps: list[int]  # [first, last] recorded step
+    window_median_s: float
+    steady_phase: Phase  # AFTER: the unprofiled steps after the window; WAIT: those before it
+    steady_steps: list[int]  # [first, last] step compared with
+    steady_median_s: float
+    ratio: float  # window median / steady median
+    limit: float
+    representative: bool
+    settled_from: int | None  # first unprofiled step after the window that starts a steady run
+    suggestion: str | None  # what to change, when the logs support a change
+    warning: str | None  # one line for the summary; None when representative
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def within_limit(value: float, reference: float) -> bool:
+    """True when `value` differs from `reference` by at most WINDOW_DEVIATION_LIMIT."""
+    return abs(value / reference - 1) <= WINDOW_DEVIATION_LIMIT
+
+
+def check_window(logs: Sequence[Sequence[StepRecord]], schedule: Schedule) -> WindowCheck | None:
+    """Compare the recorded window with the steady state, or None when the logs hold no
+    recorded step or too few unprofiled ones to compare with."""
+    times, phases = _per_step(logs)
+    window = [s for s in sorted(times) if phases[s] == Phase.ACTIVE]
+    after = [s for s in sorted(times) if phases[s] == Phase.AFTER]
+    before = [s for s in sorted(times) if phases[s] == Phase.WAIT]
+    if not window:
+        return None
+    if len(after) >= MIN_STEADY_STEPS:
+        steady, steady_phase = after, Phase.AFTER
+    elif len(before) >= MIN_STEADY_STEPS:
+        steady, steady_phase = before, Phase.WAIT
+    else:
+        return None
+    window_median = statistics.median(times[s] for s in window)
+    steady_median = statistics.median(times[s] for s in steady)
+    if steady_median <= 0:
+        return None
+    representative = within_limit(window_median, steady_median)
+    settled = (
+        _settled_from([times[s] for s in after], after, len(window), steady_median)
+        if steady_phase == Phase.AFTER
+        else None
+    )
+    suggestion, advice = _advice(steady_phase, settled, after, schedule)
+    ratio = window_median / steady_median
+    warning = None
+    if not representative:
+        warning = (
+            f"recorded steps {window[0]}-{window[-1]} ran at {_duration(window_median)} per step "
+            f"(median), {ratio:.2f}x the {_duration(steady_median)} of unprofiled steps "
+            f"{steady[0]}-{steady[-1]}: the window is not representative of the run "
+            f"(limit ±{WINDOW_DEVIATION_LIMIT:.0%}); {advice}"
+        )
+    return WindowCheck(
+        window_steps=[window[0], window[-1]],
+        window_median_s=round(window_median, 6),
+        steady_phase=steady_phase,
+        steady_steps=[steady[0], steady[-1]],
+        steady_median_s=round(steady_median, 6),
+        ratio=round(ratio, 3),
+        limit=WINDOW_DEVIATION_LIMIT,
+        representative=representative,
+        settled_from=settled,
+        suggestion=suggestion,
+        warning=warning,
+    )
+
+
+def _per_step(logs: Sequence[Sequence[StepRecord]]) -> tuple[dict[int, float], dict[int, Phase]]:
+    """Each step's job time (median over the ranks that recorded a window) and phase."""
+    samples: dict[int, list[float]] = {}
+    phases: dict[int, Phase] = {}
+    for log in logs:
+        if not any(r.phase == Phase.ACTIVE for r in log):
+            continue
+        for r in log:
+            if r.phase in (Phase.WAIT, Phase.ACTIVE, Phase.AFTER):
+                samples.setdefault(r.step, []).append(r.job_s)
+                phases[r.step] = r.phase
+    return {s: statistics.median(v) for s, v in samples.items()}, phases
+
+
+def _settled_from(
+    times: list[float], steps: list[int], run: int, steady_median: float
+) -> int | None:
+    """The first step that starts `run` consecutive steps each within the limit of the steady
+    median: where a window of the same length would have recorded steady state."""
+    for i in range(len(times) - run + 1):
+        if all(within_limit(t, steady_median) for t in times[i : i + run]):
+            return steps[i]
+    return None
+
+
+def _advice(
+    steady_phase: Phase, settled: int | None, after: list[int], schedule: Schedule
+) -> tuple[str | None, str]:
+    """(the option to change, or None; one clause saying why) for an unrepresentative window."""
+    if steady_phase == Phase.WAIT:
+        return None, (
+            "it is compared with the wait steps before it, as the job ran too few steps after "
+            "it; run the job longer than the window to see its steady state"
+        )
+    if settled is None:
+        return None, (
+            "no run of unprofiled steps after the window as long as the window stays within "
+            "the limit: the job never settles"
+        )
+    if settled == after[0]:
+        return None, (
+            "the unprofiled steps right after the window already run at the steady pace, so "
+            "the difference is the profiler's own cost in the recorded steps (or something "
+            "that happened only then), not start-up"
+        )
+    option = f"--wait {settled - schedule.warmup}"
+    return option, f"the steps settle from step {settled}: rerun with {option}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"

@@ -1,0 +1,171 @@
+"""Is the recorded window representative? The decision on step logs built here, its place in the
+manifest, and capture's exit status when nothing was captured."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from recprof.capture import layout
+from recprof.capture.command import NO_TRACE_EXIT, exit_status
+from recprof.capture.launcher import JobResult
+from recprof.capture.layout import ExitStatus, Phase, ProfilerStatus, Schedule, StepRecord
+from recprof.capture.manifest import build_manifest
+from recprof.capture.window_check import WINDOW_DEVIATION_LIMIT, check_window
+
+DEFAULT = Schedule()  # window = steps 7-11
+STEADY = 0.010
+
+
+def _log(times: list[float], schedule: Schedule = DEFAULT) -> list[StepRecord]:
+    """A step log whose step i took times[i] of the job's own time."""
+    return [
+        StepRecord(step=i, wall_s=t, hook_s=0.0, phase=schedule.phase(i), t_end=float(i))
+        for i, t in enumerate(times)
+    ]
+
+
+def _with_window(window_s: float, steps: int = 100, steady_s: float = STEADY) -> list[float]:
+    """Every step at `steady_s` except the recorded ones (7-11) at `window_s`."""
+    return [window_s if 7 <= i <= 11 else steady_s for i in range(steps)]
+
+
+@pytest.mark.parametrize(
+    ("factor", "representative"),
+    [
+        (1 + 0.9 * WINDOW_DEVIATION_LIMIT, True),
+        (1 - 0.9 * WINDOW_DEVIATION_LIMIT, True),
+        (1 + 1.1 * WINDOW_DEVIATION_LIMIT, False),
+        (1 - 1.1 * WINDOW_DEVIATION_LIMIT, False),  # a window faster than the run is wrong too
+    ],
+)
+def test_the_limit_decides_and_a_representative_window_is_silent(
+    factor: float, representative: bool
+) -> None:
+    check = check_window([_log(_with_window(STEADY * factor))], DEFAULT)
+    assert check is not None
+    assert check.representative is representative
+    assert check.ratio == pytest.approx(factor, abs=1e-3)
+    assert check.window_steps == [7, 11] and check.steady_steps == [12, 99]
+    assert check.steady_phase == Phase.AFTER
+    assert (check.warning is None) is representative
+
+
+def test_a_slow_start_suggests_the_wait_the_logs_support() -> None:
+    """The golden DLRM's case: steps 7-11 at ~16 ms, steady state ~10 ms from step 30 on."""
+    times = [0.016 if i < 30 else STEADY for i in range(1000)]
+    times[500] = 0.050  # one slow step later on moves nothing
+    check = check_window([_log(times)], DEFAULT)
+    assert check is not None and not check.representative
+    assert check.window_median_s == pytest.approx(0.016)
+    assert check.steady_median_s == pytest.approx(STEADY)
+    assert check.ratio == pytest.approx(1.6)
+    # the first 5 unprofiled steps in a row at the steady pace start at step 30; with
+    # --warmup 2 the window starts there at --wait 28
+    assert check.settled_from == 30
+    assert check.suggestion == "--wait 28"
+    assert check.warning is not None
+    assert "recorded steps 7-11 ran at 16 ms per step (median), 1.60x the 10 ms" in check.warning
+    assert "settle from step 30: rerun with --wait 28" in check.warning
+
+
+def test_a_window_slow_only_while_recorded_suggests_no_wait() -> None:
+    """Right after the window the job runs at its steady pace: no later window would differ,
+    the difference is the profiler's own cost."""
+    check = check_window([_log(_with_window(0.016))], DEFAULT)
+    assert check is not None and not check.representative
+    assert check.settled_from == 12 and check.suggestion is None
+    assert check.warning is not None and "profiler's own cost" in check.warning
+
+
+def test_without_steps_after_the_window_the_wait_steps_are_the_reference() -> None:
+    times = [STEADY] * 5 + [0.016] * 2 + [0.016] * 5 + [STEADY]  # steps 0-12: one after
+    check = check_window([_log(times)], DEFAULT)
+    assert check is not None and not check.representative
+    assert check.steady_phase == Phase.WAIT and check.steady_steps == [0, 4]
+    assert check.suggestion is None and check.settled_from is None
+
+
+def test_too_little_to_compare_gives_no_check() -> None:
+    assert check_window([_log([STEADY] * 7)], DEFAULT) is None  # ended before the window
+    short = Schedule(wait=2, warmup=1, active=3)
+    assert check_window([_log([STEADY] * 7, short)], short) is None  # 1 step after, 2 before
+    aside = [replace(r, phase=Phase.UNPROFILED) for r in _log(_with_window(0.05))]
+    assert check_window([aside], DEFAULT) is None  # capture stepped aside: no window
+
+
+def test_ranks_are_combined_per_step_and_capture_hook_time_is_not_the_job() -> None:
+    """Each step's time is the median over the ranks that recorded a window; capture's own
+    time at the start of a step (profiler transitions, the trace export) is not the job's."""
+    fast, slow = _log([STEADY] * 100), _log([STEADY * 1.1] * 100)
+    hooked = [replace(r, wall_s=r.wall_s + 0.4, hook_s=0.4) for r in fast]
+    aside = [replace(r, phase=Phase.UNPROFILED, wall_s=1.0) for r in fast]
+    check = check_window([hooked, slow, aside], DEFAULT)
+    assert check is not None and check.representative
+    assert check.window_median_s == pytest.approx(STEADY * 1.05)
+    assert check.steady_median_s == pytest.approx(STEADY * 1.05)
+
+
+def _rank_folder(run_dir: Path, rank: int, times: list[float], schedule: Schedule) -> None:
+    """What a rank that recorded its window leaves: metadata and step log."""
+    for sub in (layout.META, layout.STEPS, layout.TRACES):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    meta = {
+        "rank": rank,
+        "world_size": 1,
+        "profiler": {"status": ProfilerStatus.WRITTEN, "trace": None},
+        "window_steps": schedule.window_steps,
+        "step_source": "optimizer",
+        "exit": {"status": ExitStatus.COMPLETED, "code": 0},
+    }
+    layout.meta_path(run_dir, rank).write_text(json.dumps(meta))
+    layout.steps_path(run_dir, rank).write_text(
+        "".join(r.to_line() for r in _log(times, schedule))
+    )
+
+
+def test_manifest_carries_the_check_once_the_job_ended(tmp_path: Path) -> None:
+    _rank_folder(tmp_path, 0, _with_window(0.016, steps=40), DEFAULT)
+    job = JobResult(returncode=0, pid=1, started_at=0.0, ended_at=1.0)
+    assert build_manifest(tmp_path, ["python", "x.py"], DEFAULT, None)["window_check"] is None
+    window = build_manifest(tmp_path, ["python", "x.py"], DEFAULT, job)["window_check"]
+    assert window["representative"] is False
+    assert window["window_median_s"] == 0.016 and window["steady_median_s"] == STEADY
+    assert window["ratio"] == 1.6 and window["steady_phase"] == "after"
+    assert window["limit"] == WINDOW_DEVIATION_LIMIT
+    json.dumps(window)  # plain JSON
+
+
+def test_protocol_words_are_the_documented_strings() -> None:
+    """The status vocabulary is written to JSON and read by other tools: its values are fixed."""
+    assert list(ProfilerStatus) == [
+        "not_started", "waiting", "recording", "written", "partial", "stepped_aside",
+        "not_reached", "failed",
+    ]
+    assert list(ExitStatus) == [
+        "completed", "exception", "interrupted", "signal", "aborted_at_exit", "fatal_signal",
+    ]
+    assert list(layout.StepSource) == ["optimizer", "forward", "manual"]
+    assert list(Phase) == ["wait", "warmup", "active", "after", "unprofiled"]
+    assert json.dumps({"status": ProfilerStatus.STEPPED_ASIDE}) == '{"status": "stepped_aside"}'
+
+
+def test_exit_status_is_not_zero_without_a_trace() -> None:
+    console = Console(record=True, width=200)
+    ran = {"captured": {"traces": 2}, "missing": []}
+    assert exit_status(console, ran, 0) == 0
+    assert exit_status(console, ran, 134) == 134  # the job's own failure, traces kept
+    assert console.export_text() == ""
+    empty = {"captured": {"traces": 0}, "missing": ["rank 0: before the window", "rank 1: same"]}
+    assert exit_status(console, empty, 0) == NO_TRACE_EXIT
+    assert exit_status(console, empty, 1) == 1  # the job failed: its status says so already
+    lines = console.export_text().splitlines()
+    assert lines == [
+        f"recprof: no trace was captured, exit {NO_TRACE_EXIT}: rank 0: before the window "
+        "(and 1 more above)",
+        "recprof: no trace was captured, exit 1: rank 0: before the window (and 1 more above)",
+    ]
