@@ -19,14 +19,16 @@ demo: setup
 	recprof capture --out recprof-runs/demo -- torchrun --standalone --nproc_per_node 2 \
 		-m recprof.nestpipe --config examples/configs/demo.yaml --out recprof-runs/demo/trainer
 
-test: setup
+# TorchRec too: the tests capture TorchRec's golden DLRM from ../shared/jobs.
+test: torchrec
 	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -ra
 
 lint:
 	ruff check .
 
-# TorchRec for examples/torchrec_dlrm.py and the trainer-vs-TorchRec benchmarks (not needed by
-# the tests). Its metadata asks for the CUDA fbgemm-gpu, so it goes in without dependencies.
+# TorchRec, pinned for CPU: the tests capture its golden DLRM (../shared/jobs), and
+# examples/torchrec_dlrm.py and the trainer-vs-TorchRec benchmarks use it. Its metadata asks for
+# the CUDA fbgemm-gpu, so it goes in without dependencies.
 torchrec: setup
 	$(PYTHON) -m pip install -q --no-deps torchrec==1.8.0
 	$(PYTHON) -m pip install -q fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics==1.0.3 tqdm \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,46 @@ def gloo_trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gloo_traces")
     run_torchrun(REPO_ROOT / "tests" / "jobs" / "profiled_gloo_job.py", str(out))
     return out
+
+# TorchRec's golden_training DLRM (../shared/jobs, see SOURCES.md there), captured once per test
+# session exactly as a user would: unmodified, 2 CPU ranks, gloo, under `recprof capture`. It
+# takes ~50 s and ~15 GB of RAM for both ranks together, so it runs once and every test reads
+# the same capture. Needs TorchRec (`make torchrec`; `make test` installs it): without it the
+# tests skip and say so.
+GOLDEN = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared")) / "jobs"
+          / "torchrec_golden_training" / "train_dlrm.py").resolve()
+
+
+@pytest.fixture(scope="session")
+def golden_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run folder of one capture of the golden DLRM (traces, steps, manifest, analysis)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torchrec") is None:
+        pytest.skip("TorchRec is not installed (make torchrec installs it, pinned for CPU)")
+    if not GOLDEN.is_file():
+        pytest.skip(f"TorchRec's golden job not found at {GOLDEN} (set RECPROF_SHARED)")
+    from job_failure import assert_captured
+
+    out = tmp_path_factory.mktemp("golden") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--",
+         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(GOLDEN)],
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert_captured(proc, out)  # its exit race may abort a rank after the traces are written
+    return out
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """One headless Chromium for the whole session (the bottleneck and tuning reports), or a
+    skip naming what is missing; tests/report_browser.py is the harness."""
+    from report_browser import open_browser, require_browser
+
+    require_browser()
+    with open_browser() as b:
+        yield b

@@ -27,7 +27,7 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--disable-quic",
 ]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
 def chromium_path() -> str | None:
@@ -99,13 +99,15 @@ class Browser:
         self._context = context
 
     def load(self, html: Path, screenshot: Path | None = None,
-             hover_marker: str | None = None) -> PageCheck:
+             hover_marker: str | None = None, sorted_table: str | None = "breakdown"
+             ) -> PageCheck:
         """Open `html` from disk and collect what a test asserts on.
 
         Console errors, uncaught page errors and any dialog (alert/confirm/prompt) are
         recorded; a dialog is dismissed so a payload cannot hang the page. Plots count as
         rendered when their div holds plotly's `.main-svg`. With `hover_marker`, points whose
-        (escaped) hover text holds it are hovered and the label plotly draws is collected.
+        (escaped) hover text holds it are hovered and the label plotly draws is collected. With
+        `sorted_table`, that table's second column is sorted by two header clicks.
         """
         check = PageCheck()
         page = self._context.new_page()
@@ -134,13 +136,14 @@ class Browser:
                 "document.querySelectorAll('img[src=\"x\"], [onerror], [onload]').length"
                 " + Math.max(0, document.scripts.length - 3)"
             )
-            column = ("[...document.querySelectorAll('table.breakdown')[0].tBodies[0].rows]"
-                      ".map(r => Number(r.cells[1].dataset.sort))")
-            header = page.locator("table.breakdown th").nth(1)
-            header.click()
-            check.sorted_once = page.evaluate(column)
-            header.click()
-            check.sorted_twice = page.evaluate(column)
+            if sorted_table is not None:
+                column = (f"[...document.querySelectorAll('table.{sorted_table}')[0]"
+                          ".tBodies[0].rows].map(r => Number(r.cells[1].dataset.sort))")
+                header = page.locator(f"table.{sorted_table} th").nth(1)
+                header.click()
+                check.sorted_once = page.evaluate(column)
+                header.click()
+                check.sorted_twice = page.evaluate(column)
             if hover_marker is not None:
                 check.hover_texts = page.evaluate(_HOVER_JS, hover_marker)
             if screenshot is not None:

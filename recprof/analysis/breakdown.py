@@ -67,6 +67,8 @@ def step_metrics(unions: ClassUnions, window: Window) -> StepMetrics:
         setattr(metrics, f"exposed_{metric}", part.subtract(covered).total())
         covered = covered.union(part)
     metrics.idle = window.length - covered.total()
+    busy = unions.busy.clip(lo, hi)
+    metrics.first_activity_us = float(busy.starts[0] - lo) if len(busy) else window.length
     return metrics
 
 

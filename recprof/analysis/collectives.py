@@ -9,7 +9,7 @@ is low for a reason the skew section explains.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class CollectiveRecords:
     end: np.ndarray
     exposed_by_key: dict[tuple[str, str], float]
     origin_us: float = 0.0  # the rank trace's origin: aligns ranks without losing precision
+    #: This rank's compute inside its collectives' spans: what decides which part of a wait or
+    #: a transfer is blocking (the rank had nothing else to do) and which is hidden.
+    compute: IntervalSet = field(default_factory=IntervalSet.empty)
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -81,10 +84,12 @@ def collective_records(trace: RankTrace, unions: ClassUnions,
         sel = idx[positions]
         union = IntervalSet.of(acts.start[sel], acts.end[sel])
         exposed[key] = union.subtract(unions.compute).total()
+    spans = IntervalSet.of(acts.start[idx], acts.end[idx])
     return CollectiveRecords(step=numbers, kind=kinds, group=groups,
                              nbytes=acts.coll_bytes[idx], start=acts.start[idx],
                              end=acts.end[idx], exposed_by_key=exposed,
-                             origin_us=trace.header.origin_us)
+                             origin_us=trace.header.origin_us,
+                             compute=unions.compute.intersect(spans))
 
 
 def _gbps(nbytes: float, dur_us: float) -> float:

@@ -114,12 +114,12 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
     if len(job.ranks) > MAX_RANK_ROWS:
         console.print(f"  ... {len(job.ranks) - MAX_RANK_ROWS} more ranks (see --json)")
     if job.skew.straggler_rank is not None:
-        console.print(f"  [bold red]straggler:[/] rank {job.skew.straggler_rank} arrives last at "
-                      f"{job.skew.last_arrivals_by_rank[job.skew.straggler_rank]} of "
-                      f"{job.skew.matched_count} matched collectives; the others wait "
-                      f"{_ms(job.skew.straggler_cost_us_per_step)} ms per step for it")
-    elif len(job.ranks) > 1:
-        console.print("  no straggler: ranks arrive at collectives together")
+        console.print(f"  [bold red]straggler:[/] rank {job.skew.straggler_rank}: the others "
+                      f"wait {units.duration(job.skew.straggler_cost_us_per_step)} per step "
+                      f"for it with nothing else to do; {escape(job.skew.straggler_cause)}",
+                      highlight=False)
+    elif len(job.ranks) > 1 and job.skew.straggler_rule:
+        console.print(f"  [bold]skew:[/] {escape(job.skew.straggler_rule)}", highlight=False)
     if job.collectives:
         top = job.collectives[0]
         size = (f", {top.mean_bytes / 1e6:,.2f} MB mean message, busbw {top.busbw_gbps:,.2f} GB/s"

@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 EXPOSED_COMM_MIN_FRACTION = 0.05
 #: ...and below this absolute time per step a finding is not worth a tuning run.
 EXPOSED_COMM_MIN_US = 200.0
-#: A straggler must cost the others at least this share of the step (and `STRAGGLER_MIN_US`).
-STRAGGLER_MIN_FRACTION = 0.05
-STRAGGLER_MIN_US = 1000.0
 #: Host-to-device copies exposed for at least this share of the step (and `H2D_MIN_US`):
 #: copies are cheap to hide (DBP's H2D stage), so a lower bar than communication.
 H2D_MIN_FRACTION = 0.02
@@ -134,6 +131,13 @@ class JobFacts:
     straggler_rank: int | None
     straggler_cost_us_per_step: float
     wait_us_per_step_by_rank: dict[int, float]
+    blocking_wait_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
+    straggler_rule: str = ""
+    straggler_cause: str = ""
+    #: Per collective kind, per step, mean over ranks (see SkewAnalysis).
+    blocking_wait_by_kind: dict[str, float] = field(default_factory=dict)
+    blocking_transfer_by_kind: dict[str, float] = field(default_factory=dict)
+    straggler_blocking_by_kind: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_us(self) -> float:
@@ -208,11 +212,40 @@ def _exposed_by_kind(facts: JobFacts) -> dict[str, float]:
     return out
 
 
-def _straggler_wait_mean(facts: JobFacts) -> float:
-    """Mean per-step wait over ranks: time that is exposed because of skew, not transfer."""
-    if not facts.wait_us_per_step_by_rank:
-        return 0.0
-    return _mean(facts.wait_us_per_step_by_rank.get(r.rank, 0.0) for r in facts.ranks)
+@dataclass(frozen=True)
+class _ExposedSplit:
+    """Exposed communication of some collective kinds, per step, and what it is made of."""
+
+    exposed: float  # union of these collectives not under compute (the breakdown's number)
+    straggler: float  # the blocking wait a named straggler caused: the straggler rule's
+    blocking_wait: float  # waiting for later ranks while having nothing else to do
+    blocking_transfer: float  # moving data while having nothing else to do
+
+    @property
+    def counted(self) -> float:
+        """What overlap or fewer bytes can act on: everything but the straggler's part."""
+        return self.exposed - self.straggler
+
+
+def _exposed_split(facts: JobFacts, kinds: list[str]) -> _ExposedSplit:
+    exposed = sum(_exposed_by_kind(facts).get(k, 0.0) for k in kinds)
+    return _ExposedSplit(
+        exposed=exposed,
+        straggler=min(sum(facts.straggler_blocking_by_kind.get(k, 0.0) for k in kinds), exposed),
+        blocking_wait=sum(facts.blocking_wait_by_kind.get(k, 0.0) for k in kinds),
+        blocking_transfer=sum(facts.blocking_transfer_by_kind.get(k, 0.0) for k in kinds),
+    )
+
+
+def _split_evidence(facts: JobFacts, split: _ExposedSplit) -> str:
+    """Where the exposed time goes: blocking transfer, blocking wait, the straggler's part."""
+    text = (f"of which, in calls matched across ranks: {_ms(split.blocking_transfer)} moving "
+            f"data and {_ms(split.blocking_wait)} waiting for later ranks, with nothing else to "
+            f"do (the rest: enqueue and unmatched calls)")
+    if split.straggler > 0:
+        text += (f"; {_ms(split.straggler)} of the waiting is rank {facts.straggler_rank} being "
+                 f"late, counted by the straggler finding, not here")
+    return text
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -221,16 +254,16 @@ def _straggler_wait_mean(facts: JobFacts) -> float:
 def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
     """Embedding all-to-all on the critical path: overlap it (FWP, DBP) or shrink it.
 
-    Skew waiting is subtracted first (the straggler rule owns it): overlapping a transfer
-    cannot hide time spent waiting for a late peer.
+    The blocking wait a named straggler causes is the straggler rule's (evening out the ranks
+    recovers it, overlap does not); everything else exposed counts here, waits for peers that
+    no single rank causes included, and nothing hidden is subtracted.
     """
     by_kind = _exposed_by_kind(facts)
     kinds = sorted(k for k in by_kind if k in EMBEDDING_KINDS and by_kind[k] > 0)
     if not kinds:
         return None
-    exposed = sum(by_kind[k] for k in kinds)
-    wait = min(_straggler_wait_mean(facts), exposed)
-    transfer = exposed - wait
+    split = _exposed_split(facts, kinds)
+    exposed, transfer = split.exposed, split.counted
     step = facts.step_us
     if transfer < EXPOSED_COMM_MIN_US or transfer < EXPOSED_COMM_MIN_FRACTION * step:
         return None
@@ -248,8 +281,7 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
     evidence = [
         f"{names} exposed {_ms(exposed)} per step ({_pct(exposed, step):.0f}% of a "
         f"{_ms(step)} step) {where}",
-        f"of which {_ms(wait)} is waiting for a late rank and {_ms(transfer)} is transfer "
-        f"not overlapped by compute",
+        _split_evidence(facts, split),
         f"compute not yet overlapping communication: {_ms(free_compute)} per step",
     ]
     estimate = (
@@ -280,10 +312,8 @@ def rule_exposed_dense_comm(facts: JobFacts) -> Finding | None:
     dense = {k: v for k, v in by_kind.items() if k not in EMBEDDING_KINDS and v > 0}
     if not dense:
         return None
-    exposed = sum(dense.values())
-    wait = min(max(_straggler_wait_mean(facts) - sum(
-        v for k, v in by_kind.items() if k in EMBEDDING_KINDS), 0.0), exposed)
-    transfer = exposed - wait
+    split = _exposed_split(facts, list(dense))
+    exposed, transfer = split.exposed, split.counted
     step = facts.step_us
     if transfer < EXPOSED_COMM_MIN_US or transfer < EXPOSED_COMM_MIN_FRACTION * step:
         return None
@@ -299,7 +329,7 @@ def rule_exposed_dense_comm(facts: JobFacts) -> Finding | None:
                   f"({_ms(transfer)} per step)"),
         evidence=[
             f"exposed per step: {parts} ({_pct(exposed, step):.0f}% of a {_ms(step)} step)",
-            f"of which {_ms(wait)} is attributed to waiting for a late rank",
+            _split_evidence(facts, split),
             f"compute not yet overlapping communication: {_ms(free_compute)} per step",
         ],
         estimate=(f"overlapping it with backward compute can hide up to {_ms(recoverable)} per "
@@ -312,45 +342,33 @@ def rule_exposed_dense_comm(facts: JobFacts) -> Finding | None:
 
 
 def rule_straggler(facts: JobFacts) -> Finding | None:
-    """One rank arrives late at matched collectives and the others wait for it."""
+    """One rank's lateness makes the others wait with nothing else to do, consistently.
+
+    The analysis names the straggler (recprof/analysis/skew.py states the rule); its cost is
+    the blocking wait it causes, the mean over the waiting ranks, which cannot exceed what they
+    expose. The cause is the analysis' evidence, never a fixed guess.
+    """
     if facts.straggler_rank is None or facts.world_size < 2:
-        return None
+        return None  # the analysis names one only when it is worth a finding (skew.py)
     cost = facts.straggler_cost_us_per_step
     step = facts.step_us
-    if cost < STRAGGLER_MIN_US or cost < STRAGGLER_MIN_FRACTION * step:
-        return None
     s = facts.straggler_rank
-    lag = next((r for r in facts.ranks if r.rank == s), None)
-    others = [r for r in facts.ranks if r.rank != s]
-    evidence = [f"rank {s} makes the others wait {_ms(cost)} per step "
-                f"({_pct(cost, step):.0f}% of the step)"]
-    waits = sorted(facts.wait_us_per_step_by_rank.items())
-    if waits:
-        evidence.append("wait per step by rank: " + ", ".join(f"rank {r} {_ms(w)}"
-                                                               for r, w in waits))
-    knobs = ["sharding"]
-    cause = "uneven work"
-    if lag is not None and others:
-        extra_compute = lag.compute_us - _mean(r.compute_us for r in others)
-        extra_idle = lag.idle_us - _mean(r.idle_us for r in others)
-        extra_data = lag.idle_by_cause_us.get("data_loading", 0.0) - _mean(
-            r.idle_by_cause_us.get("data_loading", 0.0) for r in others)
-        evidence.append(f"rank {s} vs the others: compute {extra_compute / 1e3:+.1f} ms, "
-                        f"idle {extra_idle / 1e3:+.1f} ms per step")
-        if extra_data > 0.5 * cost:
-            knobs = ["num_workers", "pin_memory", "sharding"]
-            cause = "input loading on that rank"
-        elif extra_compute > 0.5 * cost:
-            cause = "more compute on that rank (embedding load imbalance?)"
-        elif extra_idle > 0.5 * cost:
-            cause = "host-side delay on that rank (idle device)"
+    evidence = [facts.straggler_rule]
+    blocking = sorted(facts.blocking_wait_us_per_step_by_rank.items())
+    if blocking:
+        evidence.append("blocking wait per step by rank (waiting with nothing else to do): "
+                        + ", ".join(f"rank {r} {_ms(w)}" for r, w in blocking))
+    cause = facts.straggler_cause or "not evident from the trace"
+    evidence.append(f"why rank {s} is late: {cause}")
+    data_cause = cause.startswith("data loading")
+    knobs = ["num_workers", "pin_memory", "sharding"] if data_cause else ["sharding"]
     return _finding(
         facts, id="straggler", title=f"Rank {s} is a straggler",
         headline=(f"rank {s} makes the others wait {_ms(cost)} per step "
                   f"({_pct(cost, step):.0f}% of the step)"),
         evidence=evidence,
-        estimate=(f"evening out the ranks recovers up to {_ms(cost)} per step, the others' "
-                  f"wait; likely cause: {cause}"),
+        estimate=(f"evening out the ranks recovers up to {_ms(cost)} per step: the blocking "
+                  f"wait rank {s} causes, as the mean over the ranks that wait"),
         recoverable_us=cost, knobs=knobs,
         advice=("sharding=row (balanced, by hash) spreads hot embedding rows evenly; check the "
                 "straggler's data loader (num_workers, pin_memory) and host for other load."),
@@ -584,4 +602,9 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         straggler_rank=skew.straggler_rank,
         straggler_cost_us_per_step=skew.straggler_cost_us_per_step,
         wait_us_per_step_by_rank=dict(skew.wait_us_per_step_by_rank),
+        blocking_wait_us_per_step_by_rank=dict(skew.blocking_wait_us_per_step_by_rank),
+        straggler_rule=skew.straggler_rule, straggler_cause=skew.straggler_cause,
+        blocking_wait_by_kind=dict(skew.blocking_wait_us_per_step_by_kind),
+        blocking_transfer_by_kind=dict(skew.blocking_transfer_us_per_step_by_kind),
+        straggler_blocking_by_kind=dict(skew.straggler_blocking_us_per_step_by_kind),
     )

@@ -90,3 +90,19 @@ class IntervalSet:
 
     def clip(self, start: float, end: float) -> IntervalSet:
         return self.intersect(IntervalSet.span(start, end))
+
+    def covered_before(self, t: np.ndarray) -> np.ndarray:
+        """For each time in `t`, how much of this set lies before it (vectorised)."""
+        t = np.asarray(t, dtype=np.float64)
+        if not len(self):
+            return np.zeros_like(t)
+        lengths = self.ends - self.starts
+        before = np.concatenate([[0.0], np.cumsum(lengths)])  # covered before interval k
+        k = np.searchsorted(self.starts, t, side="right") - 1
+        inside = np.clip(np.minimum(t, self.ends[np.maximum(k, 0)])
+                         - self.starts[np.maximum(k, 0)], 0.0, None)
+        return np.where(k >= 0, before[np.maximum(k, 0)] + inside, 0.0)
+
+    def covered(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """For each [lo, hi), how much of it this set covers (vectorised)."""
+        return np.maximum(self.covered_before(hi) - self.covered_before(lo), 0.0)

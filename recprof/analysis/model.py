@@ -58,6 +58,9 @@ class StepMetrics:
     exposed_copy_d2d: float = 0.0
     exposed_other: float = 0.0
     idle: float = 0.0
+    #: When the step's first device activity began, from the step's start (a late first launch
+    #: is one cause of a straggling rank). Not summed into totals.
+    first_activity_us: float = 0.0
 
 
 @dataclass
@@ -173,12 +176,23 @@ class RankCollective:
 
 @dataclass
 class MatchedCollective:
+    """One collective call matched across ranks, and what it cost each rank.
+
+    A rank arrives (starts the collective), waits for the last peer, then transfers. A part of
+    either is blocking where the rank had no compute of its own meanwhile (on GPUs no compute
+    kernel on any stream; on CPU no op on the main thread); the rest is hidden and costs
+    nothing.
+    """
+
     step: int | None
     kind: str
     process_group: str
     index: int  # n-th collective of this kind and group within the step
     last_rank: int
     wait_us_by_rank: dict[int, float]
+    transfer_us_by_rank: dict[int, float] = field(default_factory=dict)
+    blocking_wait_us_by_rank: dict[int, float] = field(default_factory=dict)
+    blocking_transfer_us_by_rank: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -191,8 +205,41 @@ class StepSpread:
 
 
 @dataclass
+class PathSegment:
+    """A stretch of the critical path: time on `rank` that the step's end depended on.
+
+    Times are microseconds from the start of the step on the rank that began it first. The
+    path reached this rank at `start_us` through `via` (the collective where the previous
+    rank waited for this one), or None for the segment that opens the step.
+    """
+
+    rank: int
+    start_us: float
+    dur_us: float
+    via: str | None = None
+
+
+@dataclass
+class CriticalPath:
+    """The chain of work across ranks that decided one step's length (a backward walk from
+    the last step end that jumps to the last-arriving rank at every blocking wait)."""
+
+    step: int | None
+    dur_us: float
+    segments: list[PathSegment]
+    share_by_rank: dict[int, float]
+
+
+@dataclass
 class SkewAnalysis:
-    """How late each rank arrives at matched collectives, and who the others wait for."""
+    """How late each rank arrives at matched collectives, what the waiting costs, and who,
+    if anyone, holds the others back (docs/analysis.md, "Blocking waits").
+
+    Per-step values are per rank per step. `caused_blocking_us_per_step_by_rank[r]` is the
+    blocking wait rank r's lateness causes, as the mean over the other ranks. The straggler is
+    named only when one rank causes most of it consistently (`straggler_rule` says the rule and
+    how it applied); its cost is what it causes, never more than the waiting ranks lose.
+    """
 
     matched_count: int = 0
     straggler_rank: int | None = None
@@ -204,6 +251,24 @@ class SkewAnalysis:
     step_spread: list[StepSpread] = field(default_factory=list)
     matched: list[MatchedCollective] = field(default_factory=list)
     matched_truncated: int = 0
+    blocking_wait_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
+    hidden_wait_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
+    transfer_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
+    blocking_transfer_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
+    caused_blocking_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
+    #: Per collective kind, as the mean over all ranks per step (the scale of a job's per-step
+    #: exposed communication): blocking wait, blocking transfer, and the part of the blocking
+    #: wait the straggler caused (which findings attribute to it, not to the collective).
+    blocking_wait_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
+    blocking_transfer_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
+    straggler_blocking_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
+    critical_path_share_by_rank: dict[int, float] = field(default_factory=dict)
+    critical_path: CriticalPath | None = None  # of the representative (middle) step
+    waits_mutual: bool = False
+    straggler_rule: str = ""
+    straggler_cause: str = ""
+    clock_offsets_us_by_rank: dict[int, float] = field(default_factory=dict)
+    clock_alignment: str = ""
 
 
 @dataclass

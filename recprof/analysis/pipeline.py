@@ -187,7 +187,8 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) ->
                             "numbers cover the ranks present only")
         groups = {name: len(members_) for h in (headers[i] for i in members)
                   for name, members_ in h.process_groups.items()}
-        skew, waits = analyze_skew(records, {r.rank: r.steps for r in analyses})
+        hosts = {ranks[i]: headers[i].host for i in members}
+        skew, waits = analyze_skew(records, analyses, hosts)
         stats, samples = job_collectives(records, groups, world or len(analyses), waits)
         for analysis in analyses:
             analysis.collectives = rank_collectives(records[analysis.rank], waits, analysis.rank)

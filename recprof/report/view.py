@@ -166,6 +166,7 @@ def _collectives(job: JobAnalysis, anchor: str, figs: dict) -> Section:
 
 
 def _skew_text(job: JobAnalysis) -> str:
+    """Who, if anyone, holds the others back, in the analysis' words, and the step spread."""
     skew = job.skew
     if len(job.ranks) < 2:
         return "Only one rank was analysed, so there is no cross-rank skew to show."
@@ -178,22 +179,62 @@ def _skew_text(job: JobAnalysis) -> str:
                   f"between the fastest and slowest rank (step {worst.step}, slowest rank "
                   f"{worst.slowest_rank}).")
     if skew.straggler_rank is None:
-        return f"No straggler across {skew.matched_count} matched collectives.{spread}"
+        rule = skew.straggler_rule[0].upper() + skew.straggler_rule[1:]
+        return f"No straggler across {skew.matched_count} matched collectives. {rule}{spread}"
     s = skew.straggler_rank
-    last = skew.last_arrivals_by_rank.get(s, 0)
     cost = skew.straggler_cost_us_per_step
-    return (f"Straggler: rank {s}. The others wait {units.duration(cost)} per step for it "
-            f"({units.percent(cost, job.per_step.step)} of the step); it arrived last at {last} "
-            f"of {skew.matched_count} matched collectives.{spread}")
+    cause = f" Why it is late: {skew.straggler_cause}." if skew.straggler_cause else ""
+    return (f"Straggler: rank {s}. The others wait {units.duration(cost)} per step for it with "
+            f"nothing else to do ({units.percent(cost, job.per_step.step)} of the step). "
+            f"{skew.straggler_rule[0].upper() + skew.straggler_rule[1:]}{cause}{spread}")
+
+
+def _wait_table(job: JobAnalysis) -> Table:
+    """Per rank and step: waiting (blocking and hidden), transfer, what its lateness costs the
+    others, and its share of the critical path."""
+    skew = job.skew
+    rows = []
+    for r in sorted(job.ranks, key=lambda r: r.rank):
+        k = r.rank
+        share = skew.critical_path_share_by_rank.get(k, 0.0)
+        rows.append([
+            Cell(str(k), sort=k),
+            _ms_cell(skew.wait_us_per_step_by_rank.get(k, 0.0)),
+            _ms_cell(skew.blocking_wait_us_per_step_by_rank.get(k, 0.0)),
+            _ms_cell(skew.hidden_wait_us_per_step_by_rank.get(k, 0.0)),
+            _ms_cell(skew.transfer_us_per_step_by_rank.get(k, 0.0)),
+            _ms_cell(skew.caused_blocking_us_per_step_by_rank.get(k, 0.0)),
+            Cell(f"{100 * share:.0f}%", sort=share, css="num"),
+        ])
+    return Table(
+        columns=[Column("rank"), Column("wait ms/step", True), Column("blocking wait", True),
+                 Column("hidden wait", True), Column("transfer", True),
+                 Column("causes others", True), Column("critical path", True)],
+        rows=rows, css="waits",
+        note=("Wait: time in a collective before the last peer arrived; blocking where the rank "
+              "had nothing else to do (no compute), hidden where it kept computing (costs "
+              "nothing). Causes others: the blocking wait this rank's lateness causes, as the "
+              "mean over the ranks that wait. Critical path: the share of each step's length "
+              "that ran on this rank."))
 
 
 def _skew(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     blocks: list = [Paragraph(_skew_text(job))]
+    if len(job.ranks) >= 2 and job.skew.matched_count:
+        blocks.append(_wait_table(job))
+    path = figures.critical_path_info(job)
+    if path is not None:
+        figs[f"{anchor}-critical-path"] = figures.plot_critical_path(path)
+        blocks.append(Plot(f"{anchor}-critical-path", heading="Critical path of one step",
+                           note=figures.critical_path_note(path)))
     info = figures.skew_heatmap_info(job)
     if info is not None:
         figs[f"{anchor}-heatmap"] = figures.plot_skew_heatmap(info)
-        blocks.append(Plot(f"{anchor}-heatmap", note=figures.heatmap_note(info)))
-    return Section(f"{anchor}-skew", "Cross-rank skew", blocks)
+        blocks.append(Plot(f"{anchor}-heatmap", heading="Blocking wait per matched collective",
+                           note=figures.heatmap_note(info)))
+    if job.skew.clock_alignment:
+        blocks.append(Paragraph(f"Clocks: {job.skew.clock_alignment}.", css="note"))
+    return Section(f"{anchor}-skew", "Cross-rank skew and blocking waits", blocks)
 
 
 def _idle(job: JobAnalysis, anchor: str, figs: dict) -> Section:

@@ -76,6 +76,41 @@ def test_sst_long_a2a_straggler_is_rank_2(shared_traces: Path) -> None:
     assert top.kind == "all_to_all"  # SendRecv kernels named by the enclosing nccl:all_to_all
 
 
+def test_sst_straggler_costs_the_blocking_wait_it_causes(shared_traces: Path) -> None:
+    """The cost is what the others lose waiting for rank 2 with nothing else to do: close to
+    the ~1,012 ms per step they wait, and never more than what they expose."""
+    job = analyze_paths([shared_traces / "torchrec_pr1460/trace/sst_long_a2a_optimizer"]).jobs[0]
+    skew = job.skew
+    waited = np.mean([skew.wait_us_per_step_by_rank[r] for r in (0, 1, 3)])
+    assert waited == pytest.approx(1_012_000, rel=0.01)
+    assert skew.straggler_cost_us_per_step == pytest.approx(waited, rel=0.03)
+    exposed = np.mean([job.ranks[r].per_step.exposed_comm for r in (0, 1, 3)])
+    assert skew.straggler_cost_us_per_step <= exposed
+    assert "3 of 3 steps" in skew.straggler_rule
+    # rank 2's GPU idles between launches: its host issues the work ~1 s late
+    assert skew.straggler_cause.startswith("host gaps before its work")
+    assert skew.critical_path_share_by_rank[2] > 0.9
+
+
+def test_megatron_has_two_slow_ranks_and_no_single_straggler(shared_traces: Path) -> None:
+    """The 8-rank Megatron step (one profiled step) once named rank 0 the straggler at 219 ms.
+    With blocking waits, ranks 0 and 6 both hold the others back: rank 0's lateness causes
+    219 ms of their blocking wait per step and rank 6's 174 ms, far from the 2x a single
+    straggler needs, and they share the critical path (~46% and ~41%). So no single rank is
+    named; the rule text names both, and the waiting stays in the exposed all-reduce finding."""
+    job = analyze_paths([shared_traces / "astra-sim_megatron-tp8/megatron-tp8"]).jobs[0]
+    skew = job.skew
+    assert skew.straggler_rank is None and skew.waits_mutual
+    caused = skew.caused_blocking_us_per_step_by_rank
+    assert sorted(caused, key=lambda r: -caused[r])[:2] == [0, 6]
+    assert caused[0] == pytest.approx(219_000, rel=0.05)
+    assert caused[0] < 2 * caused[6]
+    assert "ranks 0 and 6 together cause" in skew.straggler_rule
+    shares = skew.critical_path_share_by_rank
+    assert shares[0] + shares[6] > 0.8
+    assert job.findings[0].id == "exposed_dense_comm"
+
+
 def test_megatron_all_reduce_bytes_and_bandwidth(shared_traces: Path) -> None:
     job = analyze_paths([shared_traces / "astra-sim_megatron-tp8/megatron-tp8"]).jobs[0]
     all_reduce = [c for c in job.collectives if c.kind == "all_reduce"]

@@ -29,11 +29,12 @@ def main(out_dir: Path, protected: bool = True) -> None:
     grads = torch.randn(200_000)
     with profile(
         activities=[ProfilerActivity.CPU],
-        schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+        # 5 recorded steps: fewer cannot name a straggler among 2 ranks (analysis/skew.py)
+        schedule=schedule(wait=1, warmup=1, active=5, repeat=1),
         on_trace_ready=tensorboard_trace_handler(str(out_dir)),
         record_shapes=True,
     ) as prof:
-        for _ in range(5):
+        for _ in range(7):
             x = torch.randn(512, 256)
             for _ in range(4 + 12 * rank):  # rank 1 computes 4x longer: rank 0 waits for it
                 x = torch.relu(x @ weight)

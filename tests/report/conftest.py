@@ -6,7 +6,7 @@ set stays well under a minute of CPU on the shared 2-core machines.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,13 +72,3 @@ def hostile_report(shared_traces: Path, gloo_trace_dir: Path, report_dir: Path,
                make_hostile_copy(shared_traces / REAL_SETS["resnet18"], work / "resnet18"),
                make_hostile_copy(gloo_trace_dir, work / "gloo")]
     return write_report(analyze_paths(sources), report_dir / "hostile.html")
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[object]:
-    """One headless Chromium for the session, or a skip naming what is missing."""
-    from report_browser import open_browser, require_browser
-
-    require_browser()
-    with open_browser() as b:
-        yield b

@@ -15,6 +15,8 @@ import pytest
 from report_browser import ARTIFACTS, Browser, PageCheck
 from report_hostile import MARKER, PAYLOADS
 
+from recprof.analysis import load_analysis_json
+
 pytestmark = pytest.mark.browser
 
 
@@ -61,3 +63,34 @@ def test_hostile_names_do_not_execute_and_read_literally(hostile_report: Path,
     # Plotly hover labels (timeline, scatter) show the payload as text too.
     assert check.hover_texts, "no hover label carried a hostile name"
     assert all(MARKER in text for text in check.hover_texts)
+
+
+def test_golden_torchrec_report_says_what_the_job_does(golden_run: Path,
+                                                       browser: Browser) -> None:
+    """TorchRec's golden DLRM, captured as a user would: no false straggler, the waiting is
+    mostly hidden behind its pipeline, and the exposed all-to-all leads the verdict."""
+    shot = ARTIFACTS / "report-golden-torchrec.png"
+    check = browser.load(golden_run / "report.html", shot)
+    _assert_clean(check, min_plots=4)
+    text = " ".join(check.text.split())
+    (job,) = load_analysis_json(golden_run / "analysis.json").jobs
+    skew = job.skew
+    rule = skew.straggler_rule[0].upper() + skew.straggler_rule[1:]
+    assert " ".join(rule.split()) in text  # the report says what the analysis decided
+    if skew.straggler_rank is None:
+        assert "No straggler across" in text and "Straggler: rank" not in text
+        assert "makes the others wait" not in job.verdict
+    else:  # allowed only when it cannot claim more than the other rank exposes
+        other = job.ranks[1 - skew.straggler_rank].per_step.exposed_comm
+        assert skew.straggler_cost_us_per_step <= other
+    assert "hidden wait" in text and "critical path" in text
+    assert "exposed" in job.verdict.lower() or skew.straggler_rank is not None
+
+
+def test_straggler_report_names_it_with_the_rule(real_report: Callable[[str], Path],
+                                                 browser: Browser) -> None:
+    check = browser.load(real_report("sst"))
+    text = " ".join(check.text.split())
+    assert "Straggler: rank 2. The others wait 999 ms per step for it" in text
+    assert "Rule: a straggler causes at least 2x" in text
+    assert "Why it is late: host gaps before its work" in text

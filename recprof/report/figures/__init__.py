@@ -16,6 +16,11 @@ from recprof.report.figures.bars import (
     breakdown_bars_info,
     plot_breakdown_bars,
 )
+from recprof.report.figures.critical_path import (
+    critical_path_info,
+    critical_path_note,
+    plot_critical_path,
+)
 from recprof.report.figures.heatmap import (
     MAX_HEATMAP_CELLS,
     MAX_HEATMAP_COLUMNS,
@@ -40,10 +45,29 @@ from recprof.report.figures.timeline import (
 )
 
 __all__ = [
-    "BAR_PARTS", "MAX_HEATMAP_CELLS", "MAX_HEATMAP_COLUMNS", "MAX_SCATTER_POINTS",
-    "MAX_TIMELINE_RANKS", "MAX_TIMELINE_SEGMENTS_PER_RANK", "Figure", "bandwidth_scatter_info",
-    "bar_parts", "bounded_segments", "breakdown_bars_info", "heatmap_note",
-    "idle_histogram_info", "plot_bandwidth_scatter", "plot_breakdown_bars",
-    "plot_idle_histogram", "plot_skew_heatmap", "plot_timeline", "scatter_note",
-    "skew_heatmap_info", "timeline_info", "timeline_note",
+    "BAR_PARTS",
+    "MAX_HEATMAP_CELLS",
+    "MAX_HEATMAP_COLUMNS",
+    "MAX_SCATTER_POINTS",
+    "MAX_TIMELINE_RANKS",
+    "MAX_TIMELINE_SEGMENTS_PER_RANK",
+    "Figure",
+    "bandwidth_scatter_info",
+    "bar_parts",
+    "bounded_segments",
+    "breakdown_bars_info",
+    "critical_path_info",
+    "critical_path_note",
+    "heatmap_note",
+    "idle_histogram_info",
+    "plot_bandwidth_scatter",
+    "plot_breakdown_bars",
+    "plot_critical_path",
+    "plot_idle_histogram",
+    "plot_skew_heatmap",
+    "plot_timeline",
+    "scatter_note",
+    "skew_heatmap_info",
+    "timeline_info",
+    "timeline_note",
 ]

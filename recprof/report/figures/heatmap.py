@@ -1,4 +1,6 @@
-"""How long each rank waited at each matched collective: the straggler's row is near zero."""
+"""How long each rank was blocked at each matched collective (waiting for a later peer with
+nothing else to do): a straggler's row is near zero, the others' are dark where it was late.
+Hidden waits are in the hover text, not the colour: they cost nothing."""
 
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ def skew_heatmap_info(job: JobAnalysis) -> HeatmapInfo | None:
     chosen = list(range(len(matched)))
     columns = max(1, min(MAX_HEATMAP_COLUMNS, MAX_HEATMAP_CELLS // max(len(ranks), 1)))
     if len(matched) > columns:
-        worst = sorted(chosen, key=lambda i: -max(matched[i].wait_us_by_rank.values(),
-                                                  default=0.0))
+        worst = sorted(chosen, key=lambda i: -max(
+            matched[i].blocking_wait_us_by_rank.values(), default=0.0))
         chosen = sorted(worst[:columns])
     return HeatmapInfo(ranks, [matched[i] for i in chosen],
                        len(matched) + job.skew.matched_truncated)
@@ -41,7 +43,7 @@ def heatmap_note(info: HeatmapInfo) -> str:
             f"hover for the group and who arrived last). {len(info.columns)} of {info.total} "
             f"matched collectives shown")
     if len(info.columns) < info.total:
-        note += " (those with the largest wait, in order)"
+        note += " (those with the largest blocking wait, in order)"
     return note + "."
 
 
@@ -50,17 +52,18 @@ def plot_skew_heatmap(info: HeatmapInfo) -> Figure:
             for m in info.columns]
     z, text = [], []
     for rank in info.ranks:
-        z.append([ms(m.wait_us_by_rank.get(rank, 0.0)) for m in info.columns])
+        z.append([ms(m.blocking_wait_us_by_rank.get(rank, 0.0)) for m in info.columns])
         text.append([
             f"{plot_text(rank_label(rank))} waited {m.wait_us_by_rank.get(rank, 0.0) / 1000:.3f}"
-            f" ms<br>{plot_text(m.kind)} #{m.index} of step {m.step}, group "
+            f" ms, {m.blocking_wait_us_by_rank.get(rank, 0.0) / 1000:.3f} ms of it blocking"
+            f"<br>{plot_text(m.kind)} #{m.index} of step {m.step}, group "
             f"{plot_text(m.process_group)}<br>last to arrive: rank {m.last_rank}"
             for m in info.columns
         ])
     return {"data": [{
         "type": "heatmap", "z": z, "x": cols, "y": [rank_label(r) for r in info.ranks],
         "text": text, "hovertemplate": "%{text}<extra></extra>", "colorscale": "Reds",
-        "colorbar": {"title": {"text": "wait ms"}},
+        "colorbar": {"title": {"text": "blocking<br>wait ms"}},
     }], "layout": layout(
         height=max(240, 110 + 26 * len(info.ranks)),
         xaxis={"showticklabels": len(info.columns) <= 24, "type": "category",
