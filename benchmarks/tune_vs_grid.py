@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from recprof.nestpipe.knobs import divisors, knobs_key, knobs_label  # noqa: E402
+from tuner.record import TrialRecord  # noqa: E402
 from tuner.runner import TrialRunner  # noqa: E402
 from tuner.space import load_space  # noqa: E402
 from tuner.study import TuneSettings, run_tuning  # noqa: E402
@@ -134,9 +135,9 @@ def main() -> None:
         sys.exit("the grid has no completed baseline; see its report")
     grid_study = optuna.load_study(study_name="grid", storage=grid_result.storage_url)
     grid_by_key = {
-        t.user_attrs["key"]: t.value
+        record.key: t.value
         for t in grid_study.get_trials()
-        if t.value is not None and t.user_attrs.get("ran")
+        if t.value is not None and (record := TrialRecord.load(t)).ran
     }
 
     picks: list[tuple[str, Any]] = [("grid", grid_rec)]

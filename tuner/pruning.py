@@ -1,16 +1,15 @@
 """Spend trials well: fix knobs that the baseline's trace shows cannot help, and say why.
 
-Each rule reads the baseline's per-step breakdown (from the analysis) and names the knobs whose
-only mechanism is already exhausted. A pruned knob stays at its baseline value for the rest of
-the study; the decision and its reason are stored on the study so every worker and every
-resumed run applies the same one, and the report lists it.
+Each rule reads the baseline's per-step breakdown (the `StepNumbers` of its analysis) and names
+the knobs whose only mechanism is already exhausted. A pruned knob stays at its baseline value
+for the rest of the study; the decision and its reason are stored on the study so every worker
+and every resumed run applies the same one, and the report lists it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from recprof.nestpipe.knobs import BYTES, OVERLAP, acting_on
+from tuner.record import StepNumbers
 
 # Below this share of the step, shaving the thing a knob attacks cannot move throughput by
 # more than the run-to-run noise of a CPU/GPU trial.
@@ -24,13 +23,13 @@ LOSSY_BYTE_KNOBS = acting_on(BYTES, lossy=True)
 OVERLAP_KNOBS = acting_on(OVERLAP)
 
 
-def prune_knobs(baseline: Mapping[str, float] | None, searched: list[str]) -> dict[str, str]:
+def prune_knobs(baseline: StepNumbers | None, searched: list[str]) -> dict[str, str]:
     """Knob -> reason it is not worth searching, given the baseline's analysis numbers."""
-    if not baseline:
+    if baseline is None:
         return {}
     pruned: dict[str, str] = {}
-    exposed = baseline.get("exposed_comm_frac", 0.0)
-    ratio = baseline.get("exposed_ratio", 0.0)
+    exposed = baseline.exposed_comm_frac
+    ratio = baseline.exposed_ratio
     if exposed < HIDDEN_COMM_FRAC:
         why = (
             f"communication is already hidden in the baseline: exposed communication is "
@@ -38,7 +37,7 @@ def prune_knobs(baseline: Mapping[str, float] | None, searched: list[str]) -> di
             f"so sending fewer bytes cannot shorten the step and would only risk quality"
         )
         pruned.update({k: why for k in LOSSY_BYTE_KNOBS if k in searched})
-    stall = exposed + baseline.get("exposed_copy_frac", 0.0) + baseline.get("idle_frac", 0.0)
+    stall = exposed + baseline.exposed_copy_frac + baseline.idle_frac
     if stall < NOTHING_TO_OVERLAP_FRAC:
         why = (
             f"the baseline step is compute-bound: exposed communication, exposed copies and idle "

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
+from tuner.record import StudyRecord, TrialRecord, baseline_of
 from tuner.trainer import Launch, trial_config, write_config
 
 
@@ -46,12 +47,12 @@ class Recommendation:
         return self.throughput / self.baseline_throughput if self.baseline_throughput else 0.0
 
 
-def _metric_delta(best: FrozenTrial, base: FrozenTrial, metric: str | None) -> float | None:
+def _metric_delta(best: TrialRecord, base: TrialRecord, metric: str | None) -> float | None:
     """Raw change of the quality metric, best minus baseline (sign as the metric reads)."""
     if metric is None:
         return None
-    a = best.user_attrs.get("summary", {}).get(metric)
-    b = base.user_attrs.get("summary", {}).get(metric)
+    a = (best.summary or {}).get(metric)
+    b = (base.summary or {}).get(metric)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return float(a) - float(b)
     return None
@@ -62,31 +63,23 @@ def recommend(
 ) -> Recommendation | None:
     """The recommendation, or None while the study has no completed baseline."""
     trials = study.get_trials(deepcopy=False)
-    baseline = next(
-        (
-            t
-            for t in trials
-            if t.user_attrs.get("role") == "baseline" and t.state == TrialState.COMPLETE
-        ),
-        None,
-    )
+    baseline = baseline_of(trials)
     if baseline is None:
         return None
+    records = {t.number: TrialRecord.load(t) for t in trials}
     # The baseline is feasible by construction, so a best feasible trial exists.
     best = study.best_trial
     # A duplicate points at the trial that actually ran; recommend that one.
-    if "duplicate_of" in best.user_attrs:
-        best = next(t for t in trials if t.number == best.user_attrs["duplicate_of"])
-    knobs = dict(best.user_attrs.get("knobs", {}))
-    metric = best.user_attrs.get("quality_metric")
+    copied = records[best.number].duplicate_of
+    if copied is not None:
+        best = next(t for t in trials if t.number == copied)
+    best_rec, base_rec = records[best.number], records[baseline.number]
+    knobs = dict(best_rec.knobs or {})
+    metric = best_rec.quality_metric
     failures = [
-        {
-            "trial": t.number,
-            "status": t.user_attrs.get("status"),
-            "reason": t.user_attrs.get("reason"),
-        }
+        {"trial": t.number, "status": records[t.number].status, "reason": records[t.number].reason}
         for t in trials
-        if t.state == TrialState.FAIL and t.user_attrs.get("ran")
+        if t.state == TrialState.FAIL and records[t.number].ran
     ]
     return Recommendation(
         best_trial=best.number,
@@ -96,14 +89,14 @@ def recommend(
         command=launch.user_command(Path("recommended.yaml")),
         throughput=float(best.value or 0.0),
         baseline_throughput=float(baseline.value or 0.0),
-        exposed_ratio=best.user_attrs.get("exposed_ratio"),
-        baseline_exposed_ratio=baseline.user_attrs.get("exposed_ratio"),
+        exposed_ratio=best_rec.exposed_ratio,
+        baseline_exposed_ratio=base_rec.exposed_ratio,
         quality_metric=metric,
-        quality_delta=_metric_delta(best, baseline, metric),
+        quality_delta=_metric_delta(best_rec, base_rec, metric),
         quality_tolerance=tolerance,
-        runs=sum(bool(t.user_attrs.get("ran")) for t in trials if t.state.is_finished()),
+        runs=sum(records[t.number].ran for t in trials if t.state.is_finished()),
         failures=failures,
-        pruned_knobs=dict(study.user_attrs.get("pruned_knobs", {})),
+        pruned_knobs=dict(StudyRecord.load(study).pruned_knobs or {}),
     )
 
 
@@ -116,6 +109,11 @@ def write_recommendation(rec: Recommendation, out_dir: Path) -> dict[str, Path]:
     payload = asdict(rec) | {"speedup": rec.speedup}
     summary_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return {"recommended": config_path, "summary": summary_path}
+
+
+def knobs_text(knobs: Mapping[str, Any]) -> str:
+    """A config in full, `knob=value` pairs, as the printed summary and the report show it."""
+    return " ".join(f"{k}={v}" for k, v in knobs.items())
 
 
 def _fmt_ratio(value: float | None) -> str:
@@ -141,8 +139,7 @@ def print_summary(rec: Recommendation, console: Console) -> None:
         else f"{rec.quality_metric} {rec.quality_delta:+.4f} (tolerance {rec.quality_tolerance:g})"
     )
     table.add_row("quality delta", "", delta)
-    knobs = " ".join(f"{k}={v}" for k, v in rec.knobs.items())
-    table.add_row("knobs", "", knobs)
+    table.add_row("knobs", "", knobs_text(rec.knobs))
     console.print(table)
     for knob, why in rec.pruned_knobs.items():
         console.print(f"skipped {knob}: {why}", highlight=False)

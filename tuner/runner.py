@@ -3,8 +3,9 @@
 A trial runs in a session of its own (capture, torchrun, its ranks and their data-loader
 workers, whatever process groups they make) so that a timeout or Ctrl-C can end every process it
 started and nothing lingers into the next trial's measurement. The result is read from the
-trainer's `summary.json`; when capture is on, its analysis (or, failing that, one made here from
-the traces) is reduced to the few numbers the tuner stores per trial.
+trainer's `summary.json`; when capture is on, the trial's analysis (capture's analysis.json, or
+one made here from the traces) is read as the typed document and what the tuner keeps of it
+(the job's per-step means, verdict and findings) is taken as the analysis computed it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from typing import Any
 
 import orjson
 
+from recprof.analysis import analyze_paths, load_analysis_json
+from recprof.capture import layout
+from recprof.errors import RecprofError
+from tuner.record import Status, TrialAnalysis
+
 SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
 _TAIL_BYTES = 20_000
 _KILL_GRACE_S = 5.0
@@ -32,19 +38,19 @@ _KILL_GRACE_S = 5.0
 class TrialOutcome:
     """What one trial produced. `status` is ok, crash, oom, timeout or no-summary."""
 
-    status: str
+    status: Status
     reason: str | None
     wall_s: float
     returncode: int | None
     summary: dict[str, Any] = field(default_factory=dict)
-    analysis: dict[str, float] | None = None
+    analysis: TrialAnalysis | None = None
     analysis_error: str | None = None
     report: str | None = None
 
     @property
     def ok(self) -> bool:
         """Whether the trial produced a throughput to optimise."""
-        return self.status == "ok"
+        return self.status == Status.OK
 
 
 def capture_available() -> bool:
@@ -159,27 +165,27 @@ _ERROR_LINE = re.compile(r"(^error:|\b[A-Z][A-Za-z]*(Error|Exception)\b:|^[A-Za-
 _NOISE = re.compile(r"ChildFailedError|torch\.distributed\.elastic|^\s*(File |raise |\^)")
 
 
-def classify_failure(returncode: int | None, log: str) -> tuple[str, str]:
+def classify_failure(returncode: int | None, log: str) -> tuple[Status, str]:
     """(status, one-line reason) for a run that exited non-zero, from its exit code and logs."""
     if _OOM.search(log):
         line = next(
             (ln.strip() for ln in reversed(log.splitlines()) if _OOM.search(ln)), "out of memory"
         )
-        return "oom", line[:300]
+        return Status.OOM, line[:300]
     if (returncode is not None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)) or (
         _SIGKILL.search(log)
     ):
-        return "oom", "a process was SIGKILLed (most likely the kernel's out-of-memory killer)"
+        return Status.OOM, "a process was SIGKILLed (most likely the kernel's out-of-memory killer)"
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     for ln in reversed(lines):
         if _ERROR_LINE.search(ln) and not _NOISE.search(ln):
-            return "crash", f"exit {returncode}: {ln[:300]}"
+            return Status.CRASH, f"exit {returncode}: {ln[:300]}"
     cause = _root_cause(log)
     if cause is not None:
-        return "crash", f"exit {returncode}: {cause}"
+        return Status.CRASH, f"exit {returncode}: {cause}"
     content = [ln for ln in lines if not _DECORATION.match(ln)]
     last = content[-1][:300] if content else "no output"
-    return "crash", f"exit {returncode}: {last}"
+    return Status.CRASH, f"exit {returncode}: {last}"
 
 
 _DECORATION = re.compile(r"^[=*\-]{3,}$")
@@ -214,78 +220,32 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def summarize_analysis(analysis: dict[str, Any]) -> dict[str, float] | None:
-    """Per-step means over ranks and steps of the numbers the tuner keeps (microseconds).
-
-    Ratios are of sums, so a long step weighs what it cost. Works on the analysis JSON
-    (schema recprof.analysis/1) so stored analyses and fresh ones read the same way.
-    """
-    jobs = analysis.get("jobs") or []
-    if not jobs:
-        return None
-    rows: list[dict[str, float]] = []
-    for rank in jobs[0].get("ranks") or []:
-        steps = rank.get("steps") or []
-        rows.extend(s for s in steps if isinstance(s, dict))
-    if not rows:
-        return None
-
-    def col(name: str) -> list[float]:
-        return [float(r.get(name) or 0.0) for r in rows]
-
-    step, compute, comm = col("step"), col("compute"), col("comm")
-    exposed_comm, idle = col("exposed_comm"), col("idle")
-    exposed_copy = [
-        a + b + c
-        for a, b, c in zip(
-            col("exposed_copy_h2d"), col("exposed_copy_d2h"), col("exposed_copy_d2d"), strict=True
-        )
-    ]
-    total_step = sum(step) or 1.0
-    return {
-        "step_us": _mean(step),
-        "compute_us": _mean(compute),
-        "comm_us": _mean(comm),
-        "exposed_comm_us": _mean(exposed_comm),
-        "idle_us": _mean(idle),
-        "exposed_copy_us": _mean(exposed_copy),
-        "exposed_ratio": sum(exposed_comm) / sum(comm) if sum(comm) > 0 else 0.0,
-        "exposed_comm_frac": sum(exposed_comm) / total_step,
-        "idle_frac": sum(idle) / total_step,
-        "exposed_copy_frac": sum(exposed_copy) / total_step,
-        "world_size": float(jobs[0].get("world_size") or 0),
-    }
-
-
 def analyse_capture(
     capture_dir: Path, trial_dir: Path
-) -> tuple[dict[str, float] | None, str | None, str | None]:
-    """A trial's analysis numbers: (summary numbers, error, bottleneck report path).
+) -> tuple[TrialAnalysis | None, str | None, str | None]:
+    """A trial's analysis: (what the tuner keeps of it, error, bottleneck report path).
 
     `recprof capture` analyses its run and writes analysis.json and report.html into the run
-    folder; when it could not (or an older capture did not), the traces are analysed here. An
-    analysis failure never fails the trial: its throughput is still a measurement.
+    folder; when it could not (or an older capture did not), the traces are analysed here and
+    the document is kept in the trial folder. An analysis failure never fails the trial: its
+    throughput is still a measurement.
     """
-    report = capture_dir / "report.html"
+    report = capture_dir / layout.REPORT
     report_path = str(report) if report.exists() else None
-    stored = capture_dir / "analysis.json"
-    if stored.exists():
-        raw = stored.read_bytes()
-    else:
-        try:
-            from recprof.analysis import analyze_paths
-
-            raw = analyze_paths([capture_dir / "traces"]).to_json()
-        except Exception as exc:  # the analyzer's bugs must not lose a measured trial
-            return None, f"analysis failed: {type(exc).__name__}: {exc}", report_path
-        (trial_dir / "analysis.json").write_bytes(raw)
-    numbers = summarize_analysis(orjson.loads(raw))
-    error = None if numbers is not None else "the analysis has no steps to summarise"
-    return numbers, error, report_path
+    stored = capture_dir / layout.ANALYSIS
+    try:
+        if stored.exists():
+            result = load_analysis_json(stored)
+        else:
+            result = analyze_paths([capture_dir / layout.TRACES])
+            (trial_dir / layout.ANALYSIS).write_bytes(result.to_json())
+    except RecprofError as exc:
+        return None, f"analysis failed: {exc}", report_path
+    except Exception as exc:  # the analyzer's bugs must not lose a measured trial
+        return None, f"analysis failed: {type(exc).__name__}: {exc}", report_path
+    if not result.jobs or result.jobs[0].per_step.step <= 0:
+        return None, "the analysis has no steps to summarise", report_path
+    return TrialAnalysis.from_job(result.jobs[0]), None, report_path
 
 
 @dataclass
@@ -304,7 +264,10 @@ class TrialRunner:
         log = _tail(trial_dir / "stderr.log") + "\n" + _tail(trial_dir / "stdout.log")
         if timed_out:
             return TrialOutcome(
-                "timeout", f"no result within {self.timeout_s:g} s; all processes ended", wall, None
+                Status.TIMEOUT,
+                f"no result within {self.timeout_s:g} s; all processes ended",
+                wall,
+                None,
             )
         if rc != 0:
             status, reason = classify_failure(rc, log)
@@ -312,9 +275,9 @@ class TrialRunner:
         summary = read_summary(trial_dir / "summary.json")
         if summary is None:
             return TrialOutcome(
-                "no-summary", f"exit 0 but no valid {SUMMARY_SCHEMA} summary.json", wall, rc
+                Status.NO_SUMMARY, f"exit 0 but no valid {SUMMARY_SCHEMA} summary.json", wall, rc
             )
-        outcome = TrialOutcome("ok", None, wall, rc, summary=summary)
+        outcome = TrialOutcome(Status.OK, None, wall, rc, summary=summary)
         if self.capture:
             outcome.analysis, outcome.analysis_error, outcome.report = analyse_capture(
                 capture_dir, trial_dir

@@ -11,8 +11,11 @@ import pytest
 import yaml
 from tuner_helpers import FAKE_TRAINER
 
+from recprof.analysis import AnalysisResult, JobAnalysis, StepMetrics
+from recprof.analysis.model import Finding, SkewAnalysis
 from recprof.errors import RecprofError
-from tuner.runner import TrialRunner, capture_window, classify_failure, summarize_analysis
+from tuner.record import StepNumbers
+from tuner.runner import TrialRunner, analyse_capture, capture_window, classify_failure
 from tuner.storage import resolve_storage
 from tuner.trainer import Launch
 
@@ -95,16 +98,60 @@ def test_capture_window_records_inside_the_measured_steps() -> None:
     assert capture_window(None, 2) == []
 
 
-def test_summarize_analysis_uses_contract_metric_names() -> None:
-    step = {"step": 100.0, "compute": 60.0, "comm": 50.0, "exposed_comm": 20.0, "idle": 10.0,
-            "exposed_copy_h2d": 5.0}  # fmt: skip
-    analysis = {"jobs": [{"world_size": 2, "ranks": [{"steps": [step, step]}, {"steps": [step]}]}]}
-    numbers = summarize_analysis(analysis)
-    assert numbers["exposed_ratio"] == pytest.approx(0.4)
-    assert numbers["exposed_comm_frac"] == pytest.approx(0.2)
-    assert numbers["idle_frac"] == pytest.approx(0.1)
-    assert numbers["exposed_copy_frac"] == pytest.approx(0.05)
-    assert summarize_analysis({"jobs": []}) is None
+def test_step_numbers_are_ratios_of_the_analysis_per_step_means() -> None:
+    per_step = StepMetrics(None, 0.0, step=100.0, compute=60.0, comm=50.0, exposed_comm=20.0,
+                           idle=10.0, exposed_copy_h2d=5.0)  # fmt: skip
+    numbers = StepNumbers.from_per_step(per_step, 2)
+    assert numbers.exposed_ratio == pytest.approx(0.4)
+    assert numbers.exposed_comm_frac == pytest.approx(0.2)
+    assert numbers.idle_frac == pytest.approx(0.1)
+    assert numbers.exposed_copy_frac == pytest.approx(0.05)
+
+
+def _job(per_step: StepMetrics, findings: list[Finding], verdict: str) -> JobAnalysis:
+    return JobAnalysis(
+        id="job", world_size=2, backend="gloo", device_kind="cpu", device_names=[],
+        ranks_missing=[], ranks=[], collectives=[], collective_samples=[], skew=SkewAnalysis(),
+        steps_analysed=[3, 4], per_step=per_step, findings=findings, verdict=verdict,
+    )  # fmt: skip
+
+
+def test_a_trials_analysis_is_read_as_the_typed_document(tmp_path: Path) -> None:
+    finding = Finding(
+        id="exposed_comm", title="Exposed communication", headline="exposed comm is 20%",
+        severity="high", recoverable_us_per_step=20.0, recoverable_fraction=0.2,
+        evidence=["20 ms of 100 ms"], estimate="all of it", knobs=["micro_batches"],
+    )  # fmt: skip
+    per_step = StepMetrics(None, 0.0, step=100.0, compute=60.0, comm=50.0, exposed_comm=20.0,
+                           idle=10.0, exposed_copy_d2h=5.0)  # fmt: skip
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    doc = AnalysisResult(jobs=[_job(per_step, [finding], "Exposed comm is 20% of the step.")],
+                         inputs=[])  # fmt: skip
+    (capture / "analysis.json").write_bytes(doc.to_json())
+    analysis, error, report = analyse_capture(capture, tmp_path)
+    assert error is None and report is None
+    # The job's per-step means as the document holds them (its ranks are not re-averaged).
+    assert analysis.numbers.step_us == 100.0 and analysis.numbers.exposed_copy_us == 5.0
+    assert analysis.numbers.exposed_ratio == pytest.approx(0.4)
+    assert analysis.numbers.world_size == 2.0
+    assert analysis.verdict == "Exposed comm is 20% of the step."
+    assert analysis.findings == [finding]
+
+
+def test_an_analysis_without_steps_or_unreadable_is_an_error_not_a_failure(
+    tmp_path: Path,
+) -> None:
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    (capture / "analysis.json").write_bytes(AnalysisResult(jobs=[], inputs=[]).to_json())
+    assert analyse_capture(capture, tmp_path)[:2] == (
+        None, "the analysis has no steps to summarise"
+    )  # fmt: skip
+    (capture / "analysis.json").write_text("{not json")
+    analysis, error, _ = analyse_capture(capture, tmp_path)
+    assert analysis is None and error.startswith("analysis failed: ")
+    assert "invalid JSON" in error
 
 
 def test_storage_urls(tmp_path: Path) -> None:

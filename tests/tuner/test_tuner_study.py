@@ -12,8 +12,10 @@ from optuna.trial import TrialState
 from rich.console import Console
 from tuner_helpers import BASE_CONFIG, load, write_yaml
 
+from recprof.analysis import StepMetrics
 from recprof.nestpipe.knobs import BASELINE
 from tuner.progress import TuneProgress
+from tuner.record import StepNumbers, TrialAnalysis
 from tuner.runner import TrialOutcome, TrialRunner
 from tuner.study import Tuner, TuneSettings, run_tuning
 
@@ -117,12 +119,9 @@ class _HiddenCommRunner(TrialRunner):
     def run(self, argv: list[str], trial_dir: Path) -> TrialOutcome:
         outcome = super().run(argv, trial_dir)
         if outcome.ok:
-            outcome.analysis = {
-                "step_us": 1000.0, "compute_us": 800.0, "comm_us": 300.0,
-                "exposed_comm_us": 10.0, "idle_us": 100.0, "exposed_copy_us": 0.0,
-                "exposed_ratio": 10 / 300, "exposed_comm_frac": 0.01, "idle_frac": 0.1,
-                "exposed_copy_frac": 0.0, "world_size": 2.0,
-            }  # fmt: skip
+            step = StepMetrics(None, 0.0, step=1000.0, compute=800.0, comm=300.0,
+                               exposed_comm=10.0, idle=100.0)  # fmt: skip
+            outcome.analysis = TrialAnalysis(StepNumbers.from_per_step(step, 2), "verdict")
         return outcome
 
 
