@@ -4,6 +4,7 @@ older /1 documents still load, and the report only renders what it holds."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,30 @@ def test_report_renders_what_the_analysis_holds(shared_traces: Path,
     result.jobs[0].verdict = "A verdict only the analysis could have written."
     html = render_report(result, cdn=True)
     assert "A verdict only the analysis could have written." in html
+
+
+def test_report_and_tuner_read_the_same_findings(gloo_trace_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rule threshold, moved in the analysis, moves the report's findings and the tuner's
+    record of a trial together: neither has a copy of the rules."""
+    from tuner.runner import analyse_capture
+
+    def both() -> tuple[set[str], set[str]]:
+        capture = tmp_path / "capture"
+        (capture / "traces").mkdir(parents=True, exist_ok=True)
+        for trace in gloo_trace_dir.glob("*.json"):
+            (capture / "traces" / trace.name).write_bytes(trace.read_bytes())
+        kept, error, _ = analyse_capture(capture, tmp_path)  # no analysis.json: analysed here
+        assert kept is not None, error
+        html = render_report(analyze_paths([capture / "traces"]), cdn=True)
+        titles = set(re.findall(r'<span class="finding-title">(.*?)</span>', html))
+        return titles, {f.title for f in kept.findings}
+
+    report, tuner = both()
+    assert report and report == tuner
+    assert any(t.startswith("Exposed") for t in report)
+    monkeypatch.setattr(diagnosis, "EXPOSED_COMM_MIN_FRACTION", 0.99)  # no comm is that exposed
+    report_after, tuner_after = both()
+    assert report_after == tuner_after
+    assert not any(t.startswith("Exposed") for t in report_after)
+    assert report_after < report
