@@ -15,10 +15,10 @@ import numpy as np
 
 from recprof.analysis.breakdown import ClassUnions
 from recprof.analysis.intervals import IntervalSet
-from recprof.analysis.model import CollectiveSample, CollectiveStats, RankCollective
+from recprof.analysis.model import CollectiveSample, CollectiveStats, PeerBytes, RankCollective
 from recprof.analysis.windows import Window
 from recprof.trace.model import ActivityClass, RankTrace
-from recprof.trace.vocabulary import COLLECTIVE_KINDS, bus_factor
+from recprof.trace.vocabulary import COLLECTIVE_KINDS, PURPOSES, bus_factor
 
 DEFAULT_GROUP = "default"
 MAX_SAMPLES_PER_JOB = 4000
@@ -27,6 +27,8 @@ MAX_SAMPLES_PER_JOB = 4000
 # (step or -1, process group, kind, n-th of that kind and group in the step): the identity of
 # one collective call, the same on every rank of a correct program.
 CallKey = tuple[int, str, str, int]
+# (kind, process group, purpose): one row of the collectives table.
+StatsKey = tuple[str, str, str]
 
 
 @dataclass
@@ -39,11 +41,19 @@ class CollectiveRecords:
     nbytes: np.ndarray  # NaN when unknown
     start: np.ndarray  # microseconds from origin_us
     end: np.ndarray
-    exposed_by_key: dict[tuple[str, str], float]
+    exposed_by_key: dict[StatsKey, float]
     origin_us: float = 0.0  # the rank trace's origin: aligns ranks without losing precision
     #: This rank's compute inside its collectives' spans: what decides which part of a wait or
     #: a transfer is blocking (the rank had nothing else to do) and which is hidden.
     compute: IntervalSet = field(default_factory=IntervalSet.empty)
+    purpose: list[str] = field(default_factory=list)  # what each carries (stages.py)
+    #: Per kind, the union of its instances not under compute (the rows of `exposed_by_key`
+    #: split a kind by group and purpose, and concurrent calls would count twice summed).
+    exposed_by_kind: dict[str, float] = field(default_factory=dict)
+    sends: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))  # per peer
+
+    def stats_key(self, i: int) -> StatsKey:
+        return self.kind[i], self.group[i], self.purpose[i] if self.purpose else "unknown"
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -58,8 +68,10 @@ class CollectiveRecords:
         return keys
 
 
-def collective_records(trace: RankTrace, unions: ClassUnions,
-                       windows: list[Window]) -> CollectiveRecords:
+def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Window],
+                       purposes: np.ndarray) -> CollectiveRecords:
+    """This rank's collective instances in the analysed windows; `purposes` holds the purpose
+    index (vocabulary.PURPOSES) of every activity (stages.attribute)."""
     acts = trace.activities
     idx = np.flatnonzero((acts.klass == ActivityClass.COMM) & (acts.coll_kind >= 0))
     if windows:
@@ -76,20 +88,27 @@ def collective_records(trace: RankTrace, unions: ClassUnions,
                         for w in which], dtype=np.int64)
     kinds = [COLLECTIVE_KINDS[k] for k in acts.coll_kind[idx]]
     groups = [trace.names[g] if g >= 0 else DEFAULT_GROUP for g in acts.coll_group[idx]]
-    exposed: dict[tuple[str, str], float] = {}
-    by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for pos, key in enumerate(zip(kinds, groups, strict=True)):
+    carried = [PURPOSES[p] if p >= 0 else "unknown" for p in purposes[idx]]
+    exposed: dict[StatsKey, float] = {}
+    by_key: dict[StatsKey, list[int]] = defaultdict(list)
+    for pos, key in enumerate(zip(kinds, groups, carried, strict=True)):
         by_key[key].append(pos)
     for key, positions in by_key.items():
         sel = idx[positions]
         union = IntervalSet.of(acts.start[sel], acts.end[sel])
         exposed[key] = union.subtract(unions.compute).total()
+    exposed_kind = {}
+    for kind in set(kinds):
+        sel = idx[[pos for pos, k in enumerate(kinds) if k == kind]]
+        union = IntervalSet.of(acts.start[sel], acts.end[sel])
+        exposed_kind[kind] = union.subtract(unions.compute).total()
     spans = IntervalSet.of(acts.start[idx], acts.end[idx])
     return CollectiveRecords(step=numbers, kind=kinds, group=groups,
                              nbytes=acts.coll_bytes[idx], start=acts.start[idx],
                              end=acts.end[idx], exposed_by_key=exposed,
                              origin_us=trace.header.origin_us,
-                             compute=unions.compute.intersect(spans))
+                             compute=unions.compute.intersect(spans), purpose=carried,
+                             sends=acts.coll_sends[idx], exposed_by_kind=exposed_kind)
 
 
 def _gbps(nbytes: float, dur_us: float) -> float:
@@ -103,7 +122,7 @@ def job_collectives(
     """Sum each kind x group over ranks; keep a bounded, evenly spaced set of instances, each
     with the time its rank waited in it for later ranks (so a slow small message can be told
     apart from a skewed one)."""
-    acc: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    acc: dict[StatsKey, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     samples: list[CollectiveSample] = []
     total_instances = sum(len(r) for r in per_rank.values())
     stride = max(1, int(np.ceil(total_instances / MAX_SAMPLES_PER_JOB)))
@@ -112,7 +131,7 @@ def job_collectives(
         for key, exposed in records.exposed_by_key.items():
             acc[key]["exposed"] += exposed
         for i, call in enumerate(records.call_keys()):
-            key = (records.kind[i], records.group[i])
+            key = records.stats_key(i)
             dur = float(records.end[i] - records.start[i])
             a = acc[key]
             a["count"] += 1
@@ -128,10 +147,10 @@ def job_collectives(
                     samples.append(CollectiveSample(
                         rank, key[0], key[1], nbytes, dur, alg, alg * bus_factor(key[0], size),
                         step=call[0] if call[0] >= 0 else None, index=call[3],
-                        wait_us=waits.get(call, {}).get(rank)))
+                        wait_us=waits.get(call, {}).get(rank), purpose=key[2]))
                 seen += 1
     stats = []
-    for (kind, group), a in acc.items():
+    for (kind, group, purpose), a in acc.items():
         size = group_sizes.get(group, world_size)
         sized = int(a["sized"])
         alg = _gbps(a["bytes"], a["sized_time"]) if sized and a["sized_time"] > 0 else None
@@ -140,7 +159,7 @@ def job_collectives(
             exposed_us=a["exposed"], bytes=a["bytes"] if sized else None, sized_count=sized,
             mean_bytes=a["bytes"] / sized if sized else None, algbw_gbps=alg,
             busbw_gbps=alg * bus_factor(kind, size) if alg is not None else None,
-            group_size=size,
+            group_size=size, purpose=purpose,
         ))
     stats.sort(key=lambda s: -s.total_us)
     return stats, samples
@@ -150,15 +169,36 @@ def rank_collectives(records: CollectiveRecords, waits: dict[CallKey, dict[int, 
                      rank: int) -> list[RankCollective]:
     """One rank's collectives per kind x group: how much is exposed, and how much of that is
     waiting for later ranks rather than moving data."""
-    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    acc: dict[StatsKey, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for i, call in enumerate(records.call_keys()):
-        a = acc[(records.kind[i], records.group[i])]
+        a = acc[records.stats_key(i)]
         a[0] += 1
         a[1] += float(records.end[i] - records.start[i])
         a[2] += waits.get(call, {}).get(rank, 0.0)
     return sorted(
         (RankCollective(kind=k, process_group=g, count=int(c), total_us=t,
-                        exposed_us=records.exposed_by_key.get((k, g), 0.0), wait_us=w)
-         for (k, g), (c, t, w) in acc.items()),
+                        exposed_us=records.exposed_by_key.get((k, g, p), 0.0), wait_us=w,
+                        purpose=p)
+         for (k, g, p), (c, t, w) in acc.items()),
         key=lambda rc: -rc.total_us,
     )
+
+
+def peer_bytes(per_rank: dict[int, CollectiveRecords], steps_by_rank: dict[int, int],
+               max_ranks: int) -> list[PeerBytes]:
+    """Per all-to-all purpose, the bytes each rank sends each peer per step, from the split
+    sizes the traces record; none for jobs of more than `max_ranks` ranks (a 1,024-rank
+    matrix is a million numbers nobody reads)."""
+    ranks = sorted(per_rank)
+    if len(ranks) > max_ranks:
+        return []
+    column = {r: i for i, r in enumerate(ranks)}
+    sums: dict[str, np.ndarray] = {}
+    for r, records in per_rank.items():
+        n = max(steps_by_rank.get(r, 1), 1)
+        for i, sends in enumerate(records.sends):
+            if sends is None or records.kind[i] != "all_to_all" or len(sends) != len(ranks):
+                continue
+            matrix = sums.setdefault(records.purpose[i], np.zeros((len(ranks), len(ranks))))
+            matrix[column[r]] += np.asarray(sends) / n
+    return [PeerBytes(purpose, ranks, matrix.tolist()) for purpose, matrix in sorted(sums.items())]

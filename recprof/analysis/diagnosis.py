@@ -24,6 +24,19 @@ from typing import TYPE_CHECKING
 
 from recprof import units
 from recprof.analysis import idle
+from recprof.analysis.frameworks import (
+    BALANCE,
+    DATA,
+    DENSE_COMM,
+    FEWER_MESSAGES,
+    H2D,
+    LAUNCH,
+    LOCALITY,
+    OVERLAP,
+    SHRINK,
+    nestpipe_config,
+    remedy,
+)
 from recprof.analysis.model import Finding
 from recprof.nestpipe.knobs import searched_by_default
 
@@ -138,6 +151,11 @@ class JobFacts:
     blocking_wait_by_kind: dict[str, float] = field(default_factory=dict)
     blocking_transfer_by_kind: dict[str, float] = field(default_factory=dict)
     straggler_blocking_by_kind: dict[str, float] = field(default_factory=dict)
+    framework: str = "unknown"
+    #: Exposed communication per kind per step (one union per kind: JobAnalysis).
+    exposed_by_kind: dict[str, float] = field(default_factory=dict)
+    #: The built-in trainer's config file the job ran with, when `recprof tune` can use it.
+    nestpipe_config: str | None = None
 
     @property
     def step_us(self) -> float:
@@ -174,21 +192,21 @@ def _kind_words(kind: str) -> str:
 
 
 def tune_command(facts: JobFacts, knobs: Iterable[str]) -> str | None:
-    """The `recprof tune` line that searches `knobs` for a job of this shape.
-
-    Knobs outside the tuner's default space (sharding, fuse_tables, data-loader settings) are
-    fixed in the base config, so the command then names one; None when no knob applies.
-    """
-    knobs = list(knobs)
-    if not knobs:
+    """The `recprof tune` line that searches `knobs` for this job, or None where it would not
+    run as printed: the job is not the built-in trainer, or its config file is unknown."""
+    knobs = [k for k in knobs if k in TUNER_DEFAULT_SPACE]
+    if facts.framework != "nestpipe" or facts.nestpipe_config is None or not knobs:
         return None
-    searched = [k for k in knobs if k in TUNER_DEFAULT_SPACE]
-    trials = max(8, 4 * len(searched))
-    parts = ["recprof tune", f"--nproc-per-node {max(facts.world_size, 1)}"]
-    if any(k not in TUNER_DEFAULT_SPACE for k in knobs):
-        parts.append("--config base.yaml")
-    parts.append(f"--trials {trials}")
-    return " ".join(parts)
+    trials = max(8, 4 * len(knobs))
+    return (f"recprof tune --nproc-per-node {max(facts.world_size, 1)} "
+            f"--config {facts.nestpipe_config} --trials {trials}")
+
+
+def _remedies(facts: JobFacts, *mechanisms: str) -> tuple[list[str], str]:
+    """The knobs (in the job's framework, deduplicated) and the advice for `mechanisms`."""
+    found = [remedy(facts.framework, m, facts.device_kind) for m in mechanisms]
+    knobs = list(dict.fromkeys(k for r in found for k in r.knobs))
+    return knobs, " ".join(dict.fromkeys(r.advice for r in found if r.advice))
 
 
 def _finding(facts: JobFacts, *, id: str, title: str, headline: str, evidence: list[str],
@@ -206,10 +224,7 @@ def _finding(facts: JobFacts, *, id: str, title: str, headline: str, evidence: l
 
 
 def _exposed_by_kind(facts: JobFacts) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for c in facts.collectives:
-        out[c.kind] = out.get(c.kind, 0.0) + c.exposed_us_per_step
-    return out
+    return facts.exposed_by_kind
 
 
 @dataclass(frozen=True)
@@ -285,20 +300,18 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
         f"compute not yet overlapping communication: {_ms(free_compute)} per step",
     ]
     estimate = (
-        f"overlap (FWP micro-batches, DBP prefetch) can hide up to {_ms(overlap_gain)} per step "
-        f"(the transfer, capped by free compute); bf16 QComms halves the bytes, about "
+        f"overlapping it with dense compute can hide up to {_ms(overlap_gain)} per step (the "
+        f"exposed time, capped by free compute); sending it in 16 bits halves the bytes, about "
         f"{_ms(qcomms_gain)}; the larger of the two is counted"
     )
+    knobs, advice = _remedies(facts, OVERLAP, SHRINK, LOCALITY)
     return _finding(
         facts, id="exposed_embedding_comm",
         title=f"Exposed embedding {names}",
         headline=(f"{names} is exposed for {_pct(transfer, step):.0f}% of the step "
                   f"({_ms(transfer)} per step) {where}"),
-        evidence=evidence, estimate=estimate, recoverable_us=recoverable,
-        knobs=["micro_batches", "dbp", "qcomms", "reshape", "hsp_groups"],
-        advice=("micro_batches > 1 with dbp overlaps the all-to-all with dense compute; "
-                "qcomms=bf16/fp16/fp8 and reshape k>1 cut bytes per lookup; hsp_groups keeps "
-                "the all-to-all inside a group (inside a node) when the job spans nodes."),
+        evidence=evidence, estimate=estimate, recoverable_us=recoverable, knobs=knobs,
+        advice=advice,
     )
 
 
@@ -333,11 +346,9 @@ def rule_exposed_dense_comm(facts: JobFacts) -> Finding | None:
             f"compute not yet overlapping communication: {_ms(free_compute)} per step",
         ],
         estimate=(f"overlapping it with backward compute can hide up to {_ms(recoverable)} per "
-                  f"step (the transfer, capped by free compute)"),
-        recoverable_us=recoverable, knobs=[],
-        advice=("No recprof trainer knob changes this collective. Overlap it with the backward "
-                "pass (DDP bucketing: bucket_cap_mb, gradient_as_bucket_view; tensor-parallel "
-                "comm/compute overlap) or compress it (bf16 gradient-compression hook)."),
+                  f"step (the exposed time, capped by free compute)"),
+        recoverable_us=recoverable, knobs=_remedies(facts, DENSE_COMM)[0],
+        advice=_remedies(facts, DENSE_COMM)[1],
     )
 
 
@@ -361,7 +372,7 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
     cause = facts.straggler_cause or "not evident from the trace"
     evidence.append(f"why rank {s} is late: {cause}")
     data_cause = cause.startswith("data loading")
-    knobs = ["num_workers", "pin_memory", "sharding"] if data_cause else ["sharding"]
+    knobs, advice = _remedies(facts, DATA, BALANCE) if data_cause else _remedies(facts, BALANCE)
     return _finding(
         facts, id="straggler", title=f"Rank {s} is a straggler",
         headline=(f"rank {s} makes the others wait {_ms(cost)} per step "
@@ -369,9 +380,7 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
         evidence=evidence,
         estimate=(f"evening out the ranks recovers up to {_ms(cost)} per step: the blocking "
                   f"wait rank {s} causes, as the mean over the ranks that wait"),
-        recoverable_us=cost, knobs=knobs,
-        advice=("sharding=row (balanced, by hash) spreads hot embedding rows evenly; check the "
-                "straggler's data loader (num_workers, pin_memory) and host for other load."),
+        recoverable_us=cost, knobs=knobs, advice=advice,
     )
 
 
@@ -417,9 +426,8 @@ def rule_small_messages(facts: JobFacts) -> Finding | None:
             estimate=(f"the small messages' bytes sent at the large-message bandwidth take "
                       f"{_ms(fused_us)}; counting only their exposed share, up to "
                       f"{_ms(recoverable)} per step"),
-            recoverable_us=recoverable, knobs=["fuse_tables", "micro_batches"],
-            advice=("fuse_tables=true sends one all-to-all per embedding dimension instead of "
-                    "one per table; fewer micro_batches make each message larger."),
+            recoverable_us=recoverable, knobs=_remedies(facts, FEWER_MESSAGES)[0],
+            advice=_remedies(facts, FEWER_MESSAGES)[1],
         )
         if best is None or found.recoverable_us_per_step > best.recoverable_us_per_step:
             best = found
@@ -438,19 +446,16 @@ def rule_exposed_h2d(facts: JobFacts) -> Finding | None:
                   f"step ({_ms(exposed)} per step)"),
         evidence=[f"exposed H2D copy {_ms(exposed)} per step, mean over ranks "
                   f"({_pct(exposed, step):.1f}% of a {_ms(step)} step)"],
-        estimate=(f"copying the next batch while this one computes (DBP's prefetch thread) "
-                  f"hides up to {_ms(exposed)} per step"),
-        recoverable_us=exposed, knobs=["dbp", "pin_memory", "num_workers"],
-        advice=("dbp=true loads the next batch (pinned by the DataLoader with pin_memory=true) "
-                "and issues its non-blocking copy from a prefetch thread while this batch "
-                "computes. The copy goes to the default CUDA stream (there is no dedicated "
-                "copy stream yet): it hides the host's loading, but on a GPU it queues behind "
-                "the compute kernels already on that stream."),
+        estimate=(f"copying the next batch while this one computes hides up to {_ms(exposed)} "
+                  f"per step"),
+        recoverable_us=exposed, knobs=_remedies(facts, H2D)[0],
+        advice=_remedies(facts, H2D)[1],
     )
 
 
 def rule_host_idle(facts: JobFacts) -> Finding | None:
-    """The device sits idle because the host is late: data loading or kernel launch."""
+    """The device sits idle because the host is late: data loading or kernel launch (on a CPU
+    run, the main thread's own overhead between ops: there is no device to launch on)."""
     step = facts.step_us
     data = _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in DATA_CAUSES)
                  for r in facts.ranks)
@@ -459,23 +464,29 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     host = data + launch
     if host < IDLE_MIN_US or host < IDLE_MIN_FRACTION * step:
         return None
+    cpu = facts.device_kind == "cpu"
+    launch_words = "host overhead between ops" if cpu else "host-bound launch"
     if data >= launch:
-        knobs = ["num_workers", "pin_memory", "dbp"]
-        what = "waiting for input data"
-        advice = ("Raise the data loader's num_workers, set pin_memory=true, and let dbp "
-                  "prefetch the next batch.")
+        knobs, advice = _remedies(facts, DATA)
+        title = "Device idle, waiting for input data"
+        headline = (f"the {'main thread' if cpu else 'device'} idles {_pct(host, step):.0f}% of "
+                    f"the step ({_ms(host)} per step) waiting for input data")
     else:
-        knobs = ["fuse_tables"]
-        what = "waiting for the host to launch work"
-        advice = ("Launch-bound: fuse_tables=true merges per-table lookups into fewer, larger "
-                  "kernels; CUDA graphs or torch.compile cut per-kernel launch cost.")
+        knobs, advice = _remedies(facts, LAUNCH)
+        if cpu:
+            title = "Host overhead between ops"
+            headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
+                        f"({_ms(host)} per step) between ops, in Python and framework overhead")
+        else:
+            title = "Device idle, waiting for the host to launch work"
+            headline = (f"the device idles {_pct(host, step):.0f}% of the step ({_ms(host)} per "
+                        f"step) waiting for the host to launch work")
     return _finding(
-        facts, id="host_idle", title="Device idle, " + what,
-        headline=(f"the device idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step) "
-                  f"{what}"),
-        evidence=[f"idle per step, mean over ranks: data loading {_ms(data)}, host-bound launch "
+        facts, id="host_idle", title=title, headline=headline,
+        evidence=[f"idle per step, mean over ranks: data loading {_ms(data)}, {launch_words} "
                   f"{_ms(launch)} (all idle: {_ms(facts.mean('idle_us'))})"],
-        estimate=f"feeding the device in time recovers up to {_ms(host)} per step",
+        estimate=f"{'feeding the steps' if cpu else 'feeding the device'} in time recovers up "
+                 f"to {_ms(host)} per step",
         recoverable_us=host, knobs=knobs, advice=advice,
     )
 
@@ -607,4 +618,7 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         blocking_wait_by_kind=dict(skew.blocking_wait_us_per_step_by_kind),
         blocking_transfer_by_kind=dict(skew.blocking_transfer_us_per_step_by_kind),
         straggler_blocking_by_kind=dict(skew.straggler_blocking_us_per_step_by_kind),
+        framework=job.framework,
+        exposed_by_kind=dict(job.exposed_comm_us_per_step_by_kind),
+        nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
     )

@@ -64,6 +64,15 @@ class StepMetrics:
 
 
 @dataclass
+class StageTime:
+    """One recsys stage's time per step (union of its activity) and its exposed part (what no
+    other stage's compute overlaps); see recprof/analysis/stages.py."""
+
+    time_us_per_step: float = 0.0
+    exposed_us_per_step: float = 0.0
+
+
+@dataclass
 class IdleGap:
     start_us: float
     dur_us: float
@@ -121,11 +130,14 @@ class RankAnalysis:
     warnings: list[str] = field(default_factory=list)
     #: Mean of each metric over this rank's steps (see the module docstring).
     per_step: StepMetrics = field(default_factory=lambda: StepMetrics(None, 0.0))
+    #: Recsys stages (vocabulary.STAGES) per step on this rank.
+    stages: dict[str, StageTime] = field(default_factory=dict)
 
 
 @dataclass
 class CollectiveStats:
-    """One collective kind on one process group, summed over the job's ranks."""
+    """One collective kind on one process group carrying one purpose, summed over the job's
+    ranks."""
 
     kind: str
     process_group: str
@@ -144,6 +156,7 @@ class CollectiveStats:
     total_us_per_step: float = 0.0
     exposed_us_per_step: float = 0.0
     bytes_per_step: float | None = None  # mean message bytes x messages per step
+    purpose: str = "unknown"  # what it carries (vocabulary.PURPOSES)
 
 
 @dataclass
@@ -160,6 +173,7 @@ class CollectiveSample:
     step: int | None = None
     index: int = 0  # n-th of its kind and group in the step: joins with skew.matched
     wait_us: float | None = None  # this rank's wait in it for later ranks; None if unmatched
+    purpose: str = "unknown"
 
 
 @dataclass
@@ -172,6 +186,7 @@ class RankCollective:
     total_us: float
     exposed_us: float  # union of these collectives not under compute
     wait_us: float  # time spent waiting in them for later ranks (matched calls only)
+    purpose: str = "unknown"
 
 
 @dataclass
@@ -300,6 +315,31 @@ class Finding:
 
 
 @dataclass
+class PeerBytes:
+    """Bytes each rank sends to each peer per step in the all-to-alls of one purpose, where the
+    trace records split sizes: `matrix[src][dst]`, ranks in order (an uneven row or column is
+    a rank or a shard that moves more)."""
+
+    purpose: str
+    ranks: list[int]
+    matrix: list[list[float]]
+
+
+@dataclass
+class RunContext:
+    """What the capture run folder around a job's traces says (recprof/analysis/run_context.py):
+    the command a rank ran, capture's window warning, and step times from the step logs."""
+
+    run_dir: str
+    command: list[str]
+    cwd: str | None
+    window_warning: str | None
+    steps_logged: int
+    unprofiled_step_us: float | None  # median of the steps run without the profiler
+    profiled_step_us: float | None  # median of the recorded steps, timed the same way
+
+
+@dataclass
 class JobAnalysis:
     id: str
     world_size: int | None
@@ -319,6 +359,16 @@ class JobAnalysis:
     #: largest bottleneck in one sentence (or what the step is made of when nothing fired).
     findings: list[Finding] = field(default_factory=list)
     verdict: str = ""
+    #: Which framework wrote the job (vocabulary.FRAMEWORKS) and the trace's evidence for it.
+    framework: str = "unknown"
+    framework_evidence: list[str] = field(default_factory=list)
+    #: Mean over ranks of the ranks' `stages`.
+    stages: dict[str, StageTime] = field(default_factory=dict)
+    peer_bytes: list[PeerBytes] = field(default_factory=list)
+    run: RunContext | None = None
+    #: Exposed communication per collective kind, per step, mean over ranks: one union per
+    #: kind (the collectives rows split a kind by group and purpose).
+    exposed_comm_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -375,9 +425,9 @@ def load_analysis_json(path: Path) -> AnalysisResult:
     except (KeyError, TypeError, ValueError) as exc:
         raise RecprofError(f"{path}: malformed analysis document ({exc})") from None
     if doc["schema"] != SCHEMA:
-        from recprof.analysis.summary import summarize_job
+        from recprof.analysis.summary import summarize_job, upgrade_v1
 
         for job in result.jobs:
-            summarize_job(job)
+            summarize_job(upgrade_v1(job))
         result.schema = SCHEMA
     return result

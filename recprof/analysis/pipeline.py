@@ -17,12 +17,16 @@ from recprof.analysis.collectives import (
     CollectiveRecords,
     collective_records,
     job_collectives,
+    peer_bytes,
     rank_collectives,
 )
+from recprof.analysis.frameworks import detect
 from recprof.analysis.idle import idle_gaps
 from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
 from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis
+from recprof.analysis.run_context import read_run_context
 from recprof.analysis.skew import analyze_skew
+from recprof.analysis.stages import attribute, stage_times
 from recprof.analysis.summary import summarize_job
 from recprof.analysis.timeline import (
     MAX_TIMELINE_RANKS,
@@ -39,6 +43,8 @@ from recprof.trace.reader import TraceFileError, is_trace_file
 
 # A process pool costs ~0.1 s to start and ship results back; below this much trace it loses.
 PARALLEL_FROM_BYTES = 24 << 20
+# Per-peer byte matrices are kept for jobs up to this many ranks.
+MAX_PEER_MATRIX_RANKS = 64
 
 Progress = Callable[[int, int, str], None]
 
@@ -48,6 +54,7 @@ class RankOutcome:
     header: TraceHeader
     analysis: RankAnalysis
     records: CollectiveRecords
+    framework_marks: dict[str, int]
 
 
 def discover(paths: Sequence[Path]) -> list[Path]:
@@ -82,6 +89,7 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
         windows = chosen
     unions = ClassUnions.of(trace)
     metrics = [step_metrics(unions, w) for w in windows]
+    attribution = attribute(trace)
     analysis = RankAnalysis(
         rank=trace.header.rank if trace.header.rank is not None else -1,
         file=str(path),
@@ -93,9 +101,12 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
         timeline=build_timeline(trace, unions, representative_window(windows))
         if keep_timeline else None,
         warnings=trace.warnings + warnings,
+        stages=stage_times(trace, windows, attribution),
     )
     _shift_to_absolute(analysis, trace.header.origin_us)
-    return RankOutcome(trace.header, analysis, collective_records(trace, unions, windows))
+    return RankOutcome(trace.header, analysis,
+                       collective_records(trace, unions, windows, attribution.purpose),
+                       trace.framework_marks)
 
 
 def _shift_to_absolute(analysis: RankAnalysis, origin_us: float) -> None:
@@ -193,6 +204,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) ->
         for analysis in analyses:
             analysis.collectives = rank_collectives(records[analysis.rank], waits, analysis.rank)
         device_names = sorted({n for i in members for n in headers[i].device_names})
+        framework, evidence = detect(outcomes[i].framework_marks for i in members)
         job = summarize_job(JobAnalysis(
             id=job_id([headers[i].path for i in members], taken_ids),
             world_size=world,
@@ -207,10 +219,27 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) ->
             steps_analysed=sorted({s.number for r in analyses for s in r.steps
                                    if s.number is not None}),
             warnings=warnings,
+            framework=framework, framework_evidence=evidence,
+            run=read_run_context([a.file for a in analyses], [a.rank for a in analyses]),
+            peer_bytes=peer_bytes(records, {r.rank: len(r.steps) for r in analyses},
+                                  MAX_PEER_MATRIX_RANKS),
+            exposed_comm_us_per_step_by_kind=_exposed_by_kind(records, analyses),
         ))
         _keep_chosen_timelines(job, steps)
         jobs.append(job)
     return jobs
+
+
+def _exposed_by_kind(records: dict[int, CollectiveRecords], analyses: list[RankAnalysis]
+                     ) -> dict[str, float]:
+    """Per collective kind, exposed time per step as the mean over ranks (per rank: its
+    union for the kind over its steps)."""
+    out: dict[str, float] = {}
+    for analysis in analyses:
+        n = max(len(analysis.steps), 1)
+        for kind, us in records[analysis.rank].exposed_by_kind.items():
+            out[kind] = out.get(kind, 0.0) + us / n / len(analyses)
+    return out
 
 
 def _keep_chosen_timelines(job: JobAnalysis, steps: frozenset[int] | None) -> None:

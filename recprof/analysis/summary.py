@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from recprof.analysis.breakdown import mean_metrics, sum_metrics
 from recprof.analysis.diagnosis import diagnose, verdict
-from recprof.analysis.model import CollectiveStats, JobAnalysis, RankAnalysis, StepMetrics
+from recprof.analysis.model import (
+    CollectiveStats,
+    JobAnalysis,
+    RankAnalysis,
+    StageTime,
+    StepMetrics,
+)
+from recprof.trace.vocabulary import STAGES
 
 
 def rank_per_step(rank: RankAnalysis) -> StepMetrics:
@@ -26,20 +33,39 @@ def summarize_job(job: JobAnalysis) -> JobAnalysis:
                                 max(len(job.ranks), 1))
     for stats in job.collectives:
         _collective_per_step(stats, job.ranks)
+    job.stages = _mean_stages(job.ranks)
     job.findings = diagnose(job)
     job.verdict = verdict(job, job.findings)
     return job
 
 
 
+def upgrade_v1(job: JobAnalysis) -> JobAnalysis:
+    """Fill, for a job read from a /1 document, what /2 keeps and /1 holds the evidence for,
+    before `summarize_job`: exposed communication per kind (from /1's rows, one per kind and
+    group) and the straggler's part of it (from /1's waits: /1 could not tell blocking waits
+    from hidden ones, so its waits count as blocking, as /1's own rules counted them)."""
+    n_ranks = max(len(job.ranks), 1)
+    for rank in job.ranks:
+        steps = max(len(rank.steps), 1)
+        for rc in rank.collectives:
+            by_kind = job.exposed_comm_us_per_step_by_kind
+            by_kind[rc.kind] = by_kind.get(rc.kind, 0.0) + rc.exposed_us / steps / n_ranks
+            if job.skew.straggler_rank is not None and rank.rank != job.skew.straggler_rank:
+                part = job.skew.straggler_blocking_us_per_step_by_kind
+                part[rc.kind] = part.get(rc.kind, 0.0) + rc.wait_us / steps / n_ranks
+    return job
+
+
 def _collective_per_step(stats: CollectiveStats, ranks: list[RankAnalysis]) -> None:
-    """Per-step values of one collective kind x group: the mean over ranks of each rank's
-    total divided by its steps (a rank without this collective counts as zero)."""
+    """Per-step values of one collective kind x group x purpose: the mean over ranks of each
+    rank's total divided by its steps (a rank without this collective counts as zero)."""
     count = total = exposed = 0.0
     for rank in ranks:
         n = max(len(rank.steps), 1)
         for rc in rank.collectives:
-            if (rc.kind, rc.process_group) == (stats.kind, stats.process_group):
+            if (rc.kind, rc.process_group, rc.purpose) == (
+                    stats.kind, stats.process_group, stats.purpose):
                 count += rc.count / n
                 total += rc.total_us / n
                 exposed += rc.exposed_us / n
@@ -49,3 +75,16 @@ def _collective_per_step(stats: CollectiveStats, ranks: list[RankAnalysis]) -> N
     stats.exposed_us_per_step = exposed / scale
     stats.bytes_per_step = (stats.mean_bytes * stats.count_per_step
                             if stats.mean_bytes is not None else None)
+
+
+def _mean_stages(ranks: list[RankAnalysis]) -> dict[str, StageTime]:
+    """Each stage's per-step time and exposed time, mean over ranks (a rank without the stage
+    counts as zero), in the vocabulary's order."""
+    out: dict[str, StageTime] = {}
+    for name in STAGES:
+        present = [r.stages[name] for r in ranks if name in r.stages]
+        if present:
+            out[name] = StageTime(
+                sum(s.time_us_per_step for s in present) / len(ranks),
+                sum(s.exposed_us_per_step for s in present) / len(ranks))
+    return out

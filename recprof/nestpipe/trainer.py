@@ -7,7 +7,8 @@ One step, every stage under a stable `record_function` label (docs/nestpipe.md):
     nestpipe:key_routing         micro-batch split/clustering, dedup, owners, slot all-to-alls
     nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-alls started (async)
     nestpipe:embedding_a2a_wait  waiting for the rows a micro-batch uses first
-    nestpipe:dense_fwd_bwd       pooling, dense forward, loss, backward (per micro-batch)
+    nestpipe:dense_fwd           pooling, dense forward and loss (per micro-batch)
+    nestpipe:dense_bwd           backward through the dense layers and the pooling
     nestpipe:grad_a2a_bwd        gradients of rows no later micro-batch uses, to their owners
                                  (all-to-all started, async)
     nestpipe:grad_a2a_wait       waiting for all gradient all-to-alls; owners sum per row
@@ -124,9 +125,10 @@ class Trainer:
         for i, mb in enumerate(window.micro):
             with record_function("nestpipe:embedding_a2a_wait"):
                 emb.fetch_wait(window, i)
-            with record_function("nestpipe:dense_fwd_bwd"):
+            with record_function("nestpipe:dense_fwd"):
                 logits = self.model(mb.dense, emb.pool(window, i))
                 loss = F.binary_cross_entropy_with_logits(logits, mb.labels, reduction="sum")
+            with record_function("nestpipe:dense_bwd"):
                 (loss / cfg.batch_size).backward()
                 loss_sum += loss.detach()
             with record_function("nestpipe:grad_a2a_bwd"):

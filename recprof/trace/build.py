@@ -8,7 +8,7 @@ each trace generation (see ../shared/docs/field-notes.md); everything downstream
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from recprof.trace.model import (
     ActivityClass,
     DeviceKind,
     HostSpans,
+    LabelSpans,
     RankTrace,
     Step,
     TraceHeader,
@@ -26,11 +27,16 @@ from recprof.trace.model import (
 from recprof.trace.reader import RawTrace, TraceFileError
 from recprof.trace.vocabulary import (
     COLLECTIVE_KINDS,
+    PURPOSES,
+    STAGES,
+    all_to_all_sends,
     collective_kind,
+    framework_sign,
     is_collective_op,
     is_comm_kernel,
     is_comm_wait_op,
     kernel_dtype_size,
+    label_meaning,
     message_bytes,
 )
 
@@ -48,6 +54,11 @@ _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
 
 # start, end, name, pid, tid, args, category
 _HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
+# start, end, class, lane, name, launch, collective kind, group, bytes, bytes sent per peer,
+# launched from the main thread
+_Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool]
+_STAGE_INDEX = {stage: i for i, stage in enumerate(STAGES)}
+_PURPOSE_INDEX = {purpose: i for i, purpose in enumerate(PURPOSES)}
 
 
 @dataclass
@@ -59,6 +70,7 @@ class _Marker:
     kind: str | None
     group: str | None
     nbytes: int | None
+    sends: tuple[float, ...] | None = None
 
 
 class _Interner:
@@ -222,21 +234,24 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
         if is_collective_op(name):
             kind = collective_kind(str(args.get("Collective name") or "")) or collective_kind(name)
             group = args.get("Process Group Name", args.get("Process Group ID"))
-            markers[(pid, tid)].append(_Marker(start, end, kind, None if group is None
-                                               else str(group), message_bytes(args)))
+            markers[(pid, tid)].append(_Marker(
+                start, end, kind, None if group is None else str(group), message_bytes(args),
+                all_to_all_sends(args, header.world_size) if kind == "all_to_all" else None))
     marker_starts = {key: np.array([m.start for m in ms]) for key, ms in markers.items()}
 
-    rows: list[tuple[float, float, int, int, int, float, int, int, float]] = []
+    rows: list[_Row] = []
     if device_kind in (DeviceKind.CPU,):
-        rows = _cpu_rows(host_ops, gloo_ops, main_tid, names, lanes)
+        rows = _cpu_rows(host_ops, gloo_ops, main_tid, names, lanes, header.world_size)
     else:
         for ev in device_events:
-            rows.append(_device_row(ev, launches, markers, marker_starts, names, lanes))
+            rows.append(_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid))
 
     if not rows:
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
     rows.sort(key=lambda r: r[0])
-    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(9)]
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(11)]
+    sends = np.empty(len(rows), dtype=object)
+    sends[:] = list(cols[9])
     activities = Activities(
         start=np.asarray(cols[0], dtype=np.float64),
         end=np.asarray(cols[1], dtype=np.float64),
@@ -247,6 +262,8 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
         coll_kind=np.asarray(cols[6], dtype=np.int16),
         coll_group=np.asarray(cols[7], dtype=np.int32),
         coll_bytes=np.asarray(cols[8], dtype=np.float64),
+        coll_sends=sends,
+        launched_on_main=np.asarray(cols[10], dtype=bool),
     )
 
     def spans(select: Any) -> HostSpans:
@@ -267,8 +284,39 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
         data_loading=spans(lambda op: op[2].startswith("enumerate(DataLoader)")),
         comm_waits=spans(lambda op: is_comm_wait_op(op[2])),
         main_thread_ops=spans(lambda op: (op[3], op[4]) == main_tid),
+        labels=_label_spans(host_ops, main_tid),
+        framework_marks=_framework_marks(host_ops),
         warnings=warnings,
     )
+
+
+def _label_spans(host_ops: list[_HostOp], main_tid: tuple[Any, Any] | None) -> LabelSpans:
+    """The host labels and ops that say which stage they are, or what a collective inside them
+    carries (vocabulary.label_meaning), sorted by start like `host_ops`."""
+    cols: list[tuple[float, float, int, int, bool]] = []
+    for start, end, name, pid, tid, _args, _cat in host_ops:
+        meaning = label_meaning(name)
+        if meaning is None:
+            continue
+        stage, purpose = meaning
+        cols.append((start, end, _STAGE_INDEX[stage] if stage else -1,
+                     _PURPOSE_INDEX[purpose] if purpose else -1, (pid, tid) == main_tid))
+    arr = list(zip(*cols, strict=True)) if cols else [[] for _ in range(5)]
+    return LabelSpans(
+        start=np.asarray(arr[0], dtype=np.float64), end=np.asarray(arr[1], dtype=np.float64),
+        stage=np.asarray(arr[2], dtype=np.int16), purpose=np.asarray(arr[3], dtype=np.int16),
+        main_thread=np.asarray(arr[4], dtype=bool),
+    )
+
+
+def _framework_marks(host_ops: list[_HostOp]) -> dict[str, int]:
+    """How many host names carry each framework's signature (vocabulary.framework_sign)."""
+    marks: Counter[str] = Counter()
+    for op in host_ops:
+        framework = framework_sign(op[2])
+        if framework is not None:
+            marks[framework] += 1
+    return dict(marks)
 
 
 def _device_row(
@@ -278,7 +326,8 @@ def _device_row(
     marker_starts: dict[tuple[Any, Any], np.ndarray],
     names: _Interner,
     lanes: _Interner,
-) -> tuple[float, float, int, int, int, float, int, int, float]:
+    main_tid: tuple[Any, Any] | None,
+) -> _Row:
     cat = str(ev.get("cat") or "").lower()
     name = str(ev.get("name") or "")
     args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
@@ -289,7 +338,7 @@ def _device_row(
     corr = args.get("correlation")
     launch = launches.get(corr) if isinstance(corr, int) else None
     launch_ts = launch[0] if launch else float("nan")
-    kind_idx, group_idx, nbytes = -1, -1, float("nan")
+    kind_idx, group_idx, nbytes, sends = -1, -1, float("nan"), None
     if cat in _KERNEL_CATS:
         klass = ActivityClass.COMM if is_comm_kernel(name) else ActivityClass.COMPUTE
     elif cat in _COPY_CATS or (cat in _MTIA_DEVICE_CATS and "dma" in name.lower()):
@@ -315,7 +364,12 @@ def _device_row(
         kind_idx = _KIND_INDEX[kind]
         group_idx = names(str(group)) if group is not None else -1
         nbytes = float(size) if size is not None else float("nan")
-    return (start, end, int(klass), lane, names(name), launch_ts, kind_idx, group_idx, nbytes)
+        if kind == "all_to_all":
+            sends = (all_to_all_sends(args, None) if "In split size" in args
+                     else marker.sends if marker else None)
+    on_main = launch is None or (launch[1], launch[2]) == main_tid
+    return (start, end, int(klass), lane, names(name), launch_ts, kind_idx, group_idx, nbytes,
+            sends, on_main)
 
 
 def _cpu_rows(
@@ -324,7 +378,8 @@ def _cpu_rows(
     main_tid: tuple[Any, Any] | None,
     names: _Interner,
     lanes: _Interner,
-) -> list[tuple[float, float, int, int, int, float, int, int, float]]:
+    world_size: int | None,
+) -> list[_Row]:
     """CPU-only runs: compute is the main thread's op time; communication is the gloo transfer
     on its runloop thread plus the collective's enqueue on the main thread.
 
@@ -334,27 +389,43 @@ def _cpu_rows(
     `record_function` ranges (`user_annotation`) are not compute: they wrap waits too. The
     blocking `work.wait()` has no event; it shows as main-thread time with no op while the
     gloo transfer runs, and so lands in exposed communication.
+
+    A gloo transfer carries no link to the `c10d::` op that enqueued it (field notes), so
+    they are paired in order per collective kind: gloo's runloop takes work first in, first
+    out. The transfer's launch is then its enqueue (when the host issued it, inside the labels
+    that say what it carries), and an all-to-all's split sizes come from the enqueue's args.
     """
     nan = float("nan")
-    rows: list[tuple[float, float, int, int, int, float, int, int, float]] = []
+    rows: list[_Row] = []
     main_lane = lanes("main thread")
     outer_end = float("-inf")
-    for start, end, name, pid, tid, _args, cat in host_ops:  # sorted by start, outer first
+    enqueued: dict[str, deque[_HostOp]] = defaultdict(deque)
+    for op in host_ops:  # sorted by start, outer first
+        start, end, name, pid, tid, _args, cat = op
+        if name.startswith("c10d::") and cat in _ATEN_OP_CATS and collective_kind(name):
+            enqueued[collective_kind(name)].append(op)
         if (pid, tid) != main_tid or cat not in _ATEN_OP_CATS:
             continue
         if name.startswith("c10d::"):
             # The enqueue is communication time, but the instance is its gloo transfer: kind
             # -1 keeps it out of collective counts, bandwidth and matching.
             rows.append((start, end, int(ActivityClass.COMM), main_lane, names(name), start,
-                         -1, -1, nan))
+                         -1, -1, nan, None, True))
         elif start >= outer_end and not is_collective_op(name) and not is_comm_wait_op(name):
             rows.append((start, end, int(ActivityClass.COMPUTE), main_lane, names(name), start,
-                         -1, -1, nan))
+                         -1, -1, nan, None, True))
             outer_end = end
-    for start, end, name, _pid, tid, args, _cat in gloo_ops:
+    for start, end, name, _pid, tid, args, _cat in sorted(gloo_ops, key=lambda op: op[0]):
         kind = collective_kind(name) or "unknown"
         size = message_bytes(args)
+        launch, sends, on_main = start, None, False
+        queue = enqueued.get(kind)
+        if queue and queue[0][0] <= start:
+            enqueue = queue.popleft()
+            launch, on_main = enqueue[0], (enqueue[3], enqueue[4]) == main_tid
+            if kind == "all_to_all":
+                sends = all_to_all_sends(enqueue[5], world_size)
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),
-                     names(name), start, _KIND_INDEX[kind], -1,
-                     float(size) if size is not None else nan))
+                     names(name), launch, _KIND_INDEX[kind], -1,
+                     float(size) if size is not None else nan, sends, on_main))
     return rows

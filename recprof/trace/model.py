@@ -67,6 +67,11 @@ class Activities:
     coll_kind: np.ndarray
     coll_group: np.ndarray  # index into RankTrace.names for the process group, -1 if unknown
     coll_bytes: np.ndarray  # message bytes, NaN when unknown
+    # bytes this rank sends to each peer (a tuple per all-to-all whose split sizes the trace
+    # records), None elsewhere; an object array so `select` keeps it aligned
+    coll_sends: np.ndarray
+    # the host thread that issued it is the one that runs the steps (labels are per thread)
+    launched_on_main: np.ndarray
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -82,6 +87,21 @@ class HostSpans:
     start: np.ndarray
     end: np.ndarray
     name: np.ndarray  # index into RankTrace.names
+
+
+@dataclass
+class LabelSpans:
+    """Host labels and ops whose name says what part of the step they are (trace/vocabulary:
+    `label_meaning`), as parallel columns sorted by start."""
+
+    start: np.ndarray
+    end: np.ndarray
+    stage: np.ndarray  # index into vocabulary.STAGES, -1 when the label names only a purpose
+    purpose: np.ndarray  # index into vocabulary.PURPOSES, -1 when it names none
+    main_thread: np.ndarray  # bool: on the thread that runs the steps
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
 
 
 @dataclass
@@ -102,4 +122,7 @@ class RankTrace:
     data_loading: HostSpans
     comm_waits: HostSpans
     main_thread_ops: HostSpans  # every main-thread op: explains gaps on CPU-only runs
+    labels: LabelSpans | None = None
+    #: How many host names carry each framework's signature (vocabulary.framework_sign).
+    framework_marks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

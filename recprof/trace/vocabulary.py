@@ -175,3 +175,178 @@ def bus_factor(kind: str, group_size: int) -> float:
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
+
+
+# --- what a training step's labels mean: recsys stages, collective purposes, frameworks ------
+
+#: What a span of a step is for, in recsys terms (docs/analysis.md, "Stages").
+STAGES = (
+    "data_loading",  # the next batch: DataLoader, collate, host-to-device copy
+    "input_dist",  # routing the batch's keys to the ranks that own them (KJT all-to-alls)
+    "embedding_lookup",  # reading rows (and pooling) on the owning rank
+    "embedding_a2a",  # sending looked-up embeddings to the ranks whose samples need them
+    "dense_forward",
+    "dense_backward",
+    "embedding_grad_a2a",  # sending embedding gradients back to their owners
+    "dense_allreduce",  # summing dense gradients over the replicas
+    "optimizer",  # dense and sparse updates (TorchRec fuses the sparse one into its backward)
+    "other",
+)
+
+#: What a collective carries.
+PURPOSES = (
+    "kjt_splits", "kjt_lengths", "kjt_values",  # TorchRec's input distribution, three parts
+    "key_routing",  # the built-in trainer's routing of deduplicated keys
+    "pooled_embeddings_fwd",  # TorchRec: pooled embeddings to the samples' ranks
+    "embedding_rows_fwd",  # the built-in trainer: embedding rows to the ranks that asked
+    "embedding_grads_bwd",  # gradients back to the rows' owners
+    "hsp_embedding_grads",  # embedding gradients summed across HSP groups
+    "dense_grads",  # dense gradients summed over replicas (DDP, the trainer's all-reduce)
+    "prefetch",  # the next batch's rows fetched ahead (the trainer's DBP thread)
+    "dbp_refresh",  # rows of the prefetched batch the update changed
+    "unknown",
+)
+
+#: Where each purpose's traffic belongs among the stages.
+PURPOSE_STAGE = {
+    "kjt_splits": "input_dist", "kjt_lengths": "input_dist", "kjt_values": "input_dist",
+    "key_routing": "input_dist", "pooled_embeddings_fwd": "embedding_a2a",
+    "embedding_rows_fwd": "embedding_a2a", "prefetch": "embedding_a2a",
+    "dbp_refresh": "embedding_a2a", "embedding_grads_bwd": "embedding_grad_a2a",
+    "hsp_embedding_grads": "embedding_grad_a2a", "dense_grads": "dense_allreduce",
+}
+
+# (label pattern, stage, purpose of collectives launched inside it). The innermost label that
+# says something wins. TorchRec's labels are from its train pipelines and sharded modules
+# (field notes); the built-in trainer's are listed in docs/nestpipe.md.
+_LABELS: tuple[tuple[re.Pattern[str], str | None, str | None], ...] = tuple(
+    (re.compile(pattern), stage, purpose) for pattern, stage, purpose in (
+        # TorchRec
+        (r"^## all2all_data:kjt splits ##", "input_dist", "kjt_splits"),
+        (r"^## all2all_data:kjt lengths ##", "input_dist", "kjt_lengths"),
+        (r"^## all2all_data:kjt values ##", "input_dist", "kjt_values"),
+        (r"^## (start|wait)_sparse_data_dist", "input_dist", None),
+        (r"^\[(splits_dist|input_dist)\]", "input_dist", None),
+        (r"^## copy_batch_to_gpu", "data_loading", None),
+        (r"^\[lookup\]", "embedding_lookup", None),
+        (r"^\[output_dist(_wait)?\]|^## All2All_Pooled_fwd ##", "embedding_a2a",
+         "pooled_embeddings_fwd"),
+        (r"All2All_Pooled_(Req|Wait)Backward|^## All2All_Pooled_bwd ##", "embedding_grad_a2a",
+         "embedding_grads_bwd"),
+        # TorchRec's table-batched embeddings run their backward and the sparse optimizer's
+        # row-wise update as one op, under this autograd node: sparse work, not dense backward
+        (r"^fbgemm::split_embedding_backward_codegen|CppNode<SplitLookupFunction", "optimizer",
+         None),
+        (r"^## forward \d+ ##", "dense_forward", None),
+        (r"^## backward \d+ ##", "dense_backward", None),
+        (r"^## (optimizer \d+|zero_grad) ##", "optimizer", None),
+        # the built-in trainer
+        (r"^nestpipe:(data_wait|h2d)$", "data_loading", None),
+        (r"^nestpipe:key_routing$", "input_dist", "key_routing"),
+        (r"^nestpipe:embedding_a2a_(fwd|wait)$", "embedding_a2a", "embedding_rows_fwd"),
+        (r"^nestpipe:dbp_refresh$", "embedding_a2a", "dbp_refresh"),
+        (r"^nestpipe:dense_fwd$", "dense_forward", None),
+        (r"^nestpipe:dense_bwd$", "dense_backward", None),
+        (r"^nestpipe:grad_a2a_(bwd|wait)$", "embedding_grad_a2a", "embedding_grads_bwd"),
+        (r"^nestpipe:hsp_allreduce$", "embedding_grad_a2a", "hsp_embedding_grads"),
+        (r"^nestpipe:dense_allreduce(_wait)?$", "dense_allreduce", "dense_grads"),
+        (r"^nestpipe:optimizer$", "optimizer", None),
+        # any PyTorch job
+        (r"^enumerate\(DataLoader\)", "data_loading", None),
+        (r"^Optimizer\.(step|zero_grad)#", "optimizer", None),
+        (r"^DistributedDataParallel\.forward", "dense_forward", None),
+        (r"^autograd::engine::evaluate_function", "dense_backward", None),
+    )
+)
+
+
+@cache
+def label_meaning(name: str) -> tuple[str | None, str | None] | None:
+    """(stage, purpose) of a host label or op, or None when the name says neither."""
+    for pattern, stage, purpose in _LABELS:
+        if pattern.search(name):
+            return stage, purpose
+    return None
+
+
+# Names that say which framework wrote the job (docs/analysis.md, "Frameworks").
+FRAMEWORKS = ("torchrec", "nestpipe", "ddp", "fsdp", "megatron", "unknown")
+_FRAMEWORK_SIGNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), framework) for pattern, framework in (
+        (r"^## (start_sparse_data_dist|forward|backward|optimizer) \d+ ##|^\[(lookup|output_dist)"
+         r"\]_|^## all2all_data:|^fbgemm::split_embedding|All2All_Pooled", "torchrec"),
+        (r"^nestpipe:", "nestpipe"),
+        (r"^DistributedDataParallel\.forward", "ddp"),
+        (r"FullyShardedDataParallel|^FSDP::", "fsdp"),
+        (r"ModelParallelRegion|VocabParallel|ColumnParallelLinear|RowParallelLinear", "megatron"),
+    )
+)
+
+
+@cache
+def framework_sign(name: str) -> str | None:
+    """The framework a host label or op name belongs to, or None."""
+    for pattern, framework in _FRAMEWORK_SIGNS:
+        if pattern.search(name):
+            return framework
+    return None
+
+
+_INTS = re.compile(r"-?\d+")
+
+
+def _int_list(value: Any) -> list[int] | None:
+    """Split sizes as a list: `[53248, 53248]`, a string of it, or `[]`/'' (even split);
+    None when PyTorch truncated the list (`...`) or it is not one."""
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return list(value)
+    if isinstance(value, str) and "..." not in value:
+        return [int(v) for v in _INTS.findall(value)]
+    return None
+
+
+def _first_dim_and_numel(dims: Any) -> tuple[int, int] | None:
+    if isinstance(dims, list) and dims and all(isinstance(d, int) for d in dims):
+        numel = 1
+        for d in dims:
+            numel *= d
+        return dims[0], numel
+    return None
+
+
+def all_to_all_sends(args: dict[str, Any], world_size: int | None) -> tuple[float, ...] | None:
+    """Bytes an all-to-all call sends to each peer, when the trace records its split sizes.
+
+    Two spellings: record_param_comms / NCCL args (`In split size` rows, `In msg nelems`,
+    `dtype`), and gloo's `c10d::alltoall_base_(output, input, pg, output_splits,
+    input_splits, ...)` with `Concrete Inputs` and `Input Dims`. An empty split list means an
+    even split over the world.
+    """
+    concrete = args.get("Concrete Inputs")
+    dims = args.get("Input Dims")
+    gloo_style = isinstance(concrete, list) and len(concrete) > 4
+    if gloo_style and isinstance(dims, list) and len(dims) > 1:
+        splits = _int_list(concrete[4])
+        shape = _first_dim_and_numel(dims[1])
+        types = args.get("Input type")
+        elem = dtype_size(types[1]) if isinstance(types, list) and len(types) > 1 and isinstance(
+            types[1], str) else None
+        if splits is None or shape is None or elem is None:
+            return None
+        rows, numel = shape
+    else:
+        splits = _int_list(args.get("In split size"))
+        nelems = args.get("In msg nelems")
+        dtype = args.get("dtype")
+        elem = dtype_size(dtype) if isinstance(dtype, str) else None
+        if splits is None or not isinstance(nelems, int) or elem is None:
+            return None
+        rows, numel = (sum(splits) or nelems), nelems
+    if not splits:
+        if not world_size or world_size < 1 or rows % world_size:
+            return None
+        splits = [rows // world_size] * world_size
+    if sum(splits) != rows or rows <= 0:
+        return None
+    row_bytes = numel * elem / rows
+    return tuple(float(s * row_bytes) for s in splits)

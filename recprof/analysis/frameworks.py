@@ -1,0 +1,218 @@
+"""Which framework wrote a job, from the names in its traces.
+
+The trace layer counts, per rank, the host labels and ops that carry a framework's signature
+(vocabulary.framework_sign): TorchRec's train-pipeline and sharded-module labels, the built-in
+trainer's `nestpipe:*`, DDP's forward, FSDP's, Megatron's model-parallel autograd functions.
+Frameworks nest (TorchRec's DistributedModelParallel wraps the dense part in DDP; the built-in
+trainer is plain torch underneath), so the most specific one found wins, in `PRECEDENCE`; the
+evidence lists every signature counted, so a reader can see why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Most specific first: a job showing several signatures is the first of them.
+PRECEDENCE = ("nestpipe", "torchrec", "megatron", "fsdp", "ddp")
+
+#: What each signature is, for the evidence line.
+SIGNATURES = {
+    "nestpipe": "the built-in trainer's nestpipe:* labels",
+    "torchrec": "TorchRec pipeline and sharded-module labels (## forward N ##, [lookup]_..., "
+                "## all2all_data:..., fbgemm TBE ops)",
+    "megatron": "Megatron model-parallel autograd functions (ModelParallelRegion, "
+                "VocabParallel...)",
+    "fsdp": "FullyShardedDataParallel labels",
+    "ddp": "DistributedDataParallel.forward calls",
+}
+
+
+def detect(marks: Iterable[dict[str, int]]) -> tuple[str, list[str]]:
+    """(framework, evidence) from the ranks' signature counts; `unknown` when none shows."""
+    total: Counter[str] = Counter()
+    for rank_marks in marks:
+        total.update(rank_marks)
+    evidence = [f"{total[f]:,} {SIGNATURES[f]}" for f in PRECEDENCE if total[f]]
+    framework = next((f for f in PRECEDENCE if total[f]), "unknown")
+    if framework == "unknown":
+        evidence = ["no framework's labels in the traces"]
+    return framework, evidence
+
+
+# --- what to change, in each framework's own terms -------------------------------------------
+
+
+#: What a finding asks for, whatever the framework calls it.
+OVERLAP = "overlap"  # hide the embedding exchange behind dense compute
+SHRINK = "shrink"  # fewer bytes per embedding exchange
+LOCALITY = "locality"  # keep the embedding exchange inside a node (group)
+BALANCE = "balance"  # even out the ranks
+DENSE_COMM = "dense_comm"  # hide or shrink the dense gradient all-reduce
+FEWER_MESSAGES = "fewer_messages"  # fewer, larger collectives
+H2D = "h2d"  # hide the host-to-device copy
+DATA = "data"  # feed the steps faster
+LAUNCH = "launch"  # GPU: fewer, cheaper kernel launches
+HOST = "host"  # CPU: less host work between ops
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """The knobs to turn (their names in the framework) and a sentence saying how."""
+
+    knobs: tuple[str, ...]
+    advice: str
+
+
+_DATA_LOADER = Remedy(
+    ("DataLoader num_workers", "DataLoader pin_memory", "DataLoader prefetch_factor"),
+    "Load the next batches in worker processes (num_workers, prefetch_factor) into pinned "
+    "memory (pin_memory=True).")
+_GENERIC_LAUNCH = Remedy(
+    ("torch.compile", "CUDA graphs"),
+    "The device waits for the host to launch work: torch.compile (mode='reduce-overhead' "
+    "captures CUDA graphs) or fusing small ops cuts per-kernel launch cost.")
+_CPU_HOST = Remedy(
+    ("torch.compile", "larger batch"),
+    "The main thread spends this time between ops (Python and framework overhead): "
+    "torch.compile or fewer, larger ops (a larger per-rank batch) amortise it.")
+_DDP_DENSE = Remedy(
+    ("DDP bucket_cap_mb", "DDP gradient_as_bucket_view", "DDP comm hook (bf16_compress_hook)",
+     "DDP no_sync"),
+    "DDP overlaps its all-reduce with the backward pass bucket by bucket: a smaller "
+    "bucket_cap_mb starts it earlier, gradient_as_bucket_view saves the copies, a bf16 "
+    "compression hook halves the bytes, and no_sync skips it on gradient-accumulation steps.")
+
+REMEDIES: dict[str, dict[str, Remedy]] = {
+    "nestpipe": {
+        OVERLAP: Remedy(("micro_batches", "dbp"),
+                        "micro_batches > 1 (FWP) overlaps the all-to-all with the dense "
+                        "compute of neighbouring micro-batches; dbp=true prefetches the next "
+                        "batch's rows."),
+        SHRINK: Remedy(("qcomms", "reshape"),
+                       "qcomms=bf16/fp16/fp8 and reshape k>1 cut the bytes per lookup."),
+        LOCALITY: Remedy(("hsp_groups",),
+                         "hsp_groups keeps the all-to-all inside a group (inside a node) when the "
+                         "job spans nodes."),
+        BALANCE: Remedy(("sharding",),
+                        "sharding=row (balanced, by hash) spreads hot embedding rows evenly."),
+        DENSE_COMM: Remedy((), "No trainer knob changes the dense all-reduce: it is started "
+                               "before the row-gradient wait already; a larger batch "
+                               "amortises it."),
+        FEWER_MESSAGES: Remedy(("fuse_tables", "micro_batches"),
+                               "fuse_tables=true sends one all-to-all per embedding dimension "
+                               "instead of one per table; fewer micro_batches make each larger."),
+        H2D: Remedy(("dbp", "pin_memory", "num_workers"),
+                    "dbp=true loads the next batch (pinned with pin_memory=true) and issues its "
+                    "non-blocking copy from a prefetch thread while this batch computes. The "
+                    "copy goes to the default CUDA stream (no dedicated copy stream yet): it "
+                    "hides the host's loading, but on a GPU it queues behind the compute "
+                    "kernels already on that stream."),
+        DATA: Remedy(("num_workers", "pin_memory", "dbp"),
+                     "Raise num_workers, set pin_memory=true, and let dbp prefetch the next "
+                     "batch."),
+        LAUNCH: Remedy(("fuse_tables",), "fuse_tables=true merges per-table work into fewer, "
+                                         "larger ops."),
+        HOST: Remedy(("fuse_tables", "batch_size"),
+                     "fuse_tables=true merges per-table work into fewer ops; a larger batch_size "
+                     "amortises the per-step Python work."),
+    },
+    "torchrec": {
+        OVERLAP: Remedy(
+            ("TrainPipelineSemiSync", "PrefetchTrainPipelineSparseDist"),
+            "TrainPipelineSparseDist overlaps the next batch's input distribution, not the "
+            "embedding all-to-all; TrainPipelineSemiSync (torchrec.distributed.train_pipeline."
+            "train_pipelines) runs batch i+1's embedding all-to-all under batch i's dense compute "
+            "(semi-synchronous: embeddings one step stale), and PrefetchTrainPipelineSparseDist "
+            "prefetches embeddings from the cache ahead."),
+        SHRINK: Remedy(
+            ("QCommsConfig.forward_precision", "QCommsConfig.backward_precision"),
+            "Quantized comms: pass qcomm_codecs_registry=get_qcomm_codecs_registry("
+            "QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.BF16)) "
+            "to the EmbeddingBagCollectionSharder (on CPU, BF16 is sent as FP16)."),
+        LOCALITY: Remedy(
+            ("DMPCollection",),
+            "2D parallel (DMPCollection) shards the tables within a group of ranks and "
+            "replicates across groups, so the all-to-all stays in the group (CUDA only)."),
+        BALANCE: Remedy(
+            ("ShardingType", "EmbeddingShardingPlanner"),
+            "Re-plan: row_wise or table_row_wise sharding spreads a hot table over ranks; give "
+            "EmbeddingShardingPlanner your topology and per-table constraints "
+            "(ParameterConstraints)."),
+        DENSE_COMM: Remedy(
+            ("DefaultDataParallelWrapper bucket_cap_mb",
+             "DefaultDataParallelWrapper allreduce_comm_precision"),
+            "DistributedModelParallel syncs the dense part with DDP through its data-parallel "
+            "wrapper: DefaultDataParallelWrapper(bucket_cap_mb=...) starts the all-reduce earlier "
+            "in backward, allreduce_comm_precision='bf16' halves its bytes."),
+        FEWER_MESSAGES: Remedy(
+            ("ShardingType", "EmbeddingShardingPlanner"),
+            "TorchRec already fuses the tables of one sharding type into one all-to-all: fewer "
+            "sharding types (or fewer tables with distinct dims) mean fewer, larger ones."),
+        H2D: Remedy(("TrainPipelineSparseDist", "DataLoader pin_memory"),
+                    "TrainPipelineSparseDist copies the next batch on its own memcpy stream; "
+                    "pin the DataLoader's memory so the copy can be asynchronous."),
+        DATA: _DATA_LOADER,
+        LAUNCH: _GENERIC_LAUNCH,
+        HOST: _CPU_HOST,
+    },
+    "ddp": {
+        OVERLAP: Remedy(("all_to_all_single async_op",),
+                        "Start the embedding all-to-all with async_op=True before dense work that "
+                        "does not need it, and wait on it only where the rows are used."),
+        SHRINK: Remedy(("embedding dtype on the wire",),
+                       "Send the embedding rows (and their gradients) in bf16/fp16: cast before "
+                       "all_to_all_single, back after."),
+        LOCALITY: Remedy((), "Keep the embedding exchange inside a node: shard the tables within "
+                             "a node and replicate across nodes."),
+        BALANCE: Remedy(("embedding sharding",),
+                        "Even out the ranks: shard hot tables by row (hash) rather than by table."),
+        DENSE_COMM: _DDP_DENSE,
+        FEWER_MESSAGES: Remedy(("DDP bucket_cap_mb",),
+                               "Fewer, larger messages: a larger bucket_cap_mb for DDP's "
+                               "all-reduce; one all_to_all for all tables instead of one each."),
+        H2D: Remedy(("DataLoader pin_memory", "non_blocking copy"),
+                    "Pin the DataLoader's memory and copy with non_blocking=True on a side "
+                    "stream, one batch ahead."),
+        DATA: _DATA_LOADER,
+        LAUNCH: _GENERIC_LAUNCH,
+        HOST: _CPU_HOST,
+    },
+}
+#: Frameworks without their own table (FSDP, Megatron, unknown) get general PyTorch advice.
+_GENERAL = {
+    **REMEDIES["ddp"],
+    DENSE_COMM: Remedy(("communication/computation overlap", "gradient compression"),
+                       "Overlap the collective with independent compute (asynchronous "
+                       "collectives, the framework's overlap options) or compress what it sends."),
+}
+
+
+def remedy(framework: str, mechanism: str, device_kind: str) -> Remedy:
+    """The knobs and advice for `mechanism` in `framework`, in CPU words on a CPU run."""
+    table = REMEDIES.get(framework, _GENERAL)
+    if mechanism == LAUNCH and device_kind == "cpu":
+        mechanism = HOST
+    return table[mechanism]
+
+
+def knobs_of(framework: str) -> set[str]:
+    """Every knob name a finding may offer for `framework`."""
+    return {k for r in REMEDIES.get(framework, _GENERAL).values() for k in r.knobs}
+
+
+def nestpipe_config(command: list[str], cwd: str | None) -> str | None:
+    """The config file a built-in-trainer job ran with, as an absolute path, when the command
+    shows one and changes nothing on top of it (a `--set` would make `recprof tune --config`
+    tune another job); None otherwise."""
+    if "recprof.nestpipe" not in command or "--set" in command or "--config" not in command:
+        return None
+    at = command.index("--config") + 1
+    if at >= len(command):
+        return None
+    path = Path(command[at])
+    if not path.is_absolute() and cwd:
+        path = Path(cwd) / path
+    return str(path) if path.is_file() else None

@@ -1,0 +1,81 @@
+"""What a `recprof capture` run folder says about a job beyond its traces.
+
+When the traces being analysed sit in a capture run folder (`<run>/traces/...` beside
+`manifest.json`), the analysis also reads: the command each rank ran (so advice can name the
+job's own config file), capture's verdict on whether the recorded window is representative,
+and the step logs, which time every step of the run, profiled or not (recorded steps run slower
+than unprofiled ones: a prediction must be of the unprofiled step). Nothing here is needed:
+traces from anywhere else analyse the same, without it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from recprof.analysis.model import RunContext
+from recprof.capture import layout
+
+#: Start-up steps of the wait phase left out of the unprofiled median when the run has no
+#: steps after the window (first iterations compile, allocate, warm caches).
+STARTUP_STEPS = 2
+
+
+def run_dir_of(trace_files: list[str]) -> Path | None:
+    """The capture run folder holding all these trace files, or None."""
+    dirs = {Path(f).resolve().parent for f in trace_files}
+    if len(dirs) != 1:
+        return None
+    (folder,) = dirs
+    if folder.name == layout.TRACES and (folder.parent / layout.MANIFEST).is_file():
+        return folder.parent
+    return None
+
+
+def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | None:
+    """The run folder's context for a job made of `trace_files`, or None when they are not a
+    capture's (or its files cannot be read: the analysis goes on without them)."""
+    run = run_dir_of(trace_files)
+    if run is None:
+        return None
+    manifest = _json(run / layout.MANIFEST) or {}
+    meta = next((m for r in sorted(ranks) if (m := _json(layout.meta_path(run, r)))), {})
+    window = manifest.get("window_check") if isinstance(manifest.get("window_check"), dict) else {}
+    logs = [layout.read_step_log(run, r) for r in ranks]
+    return RunContext(
+        run_dir=str(run),
+        command=[str(a) for a in meta.get("command", [])] if isinstance(
+            meta.get("command"), list) else [],
+        cwd=meta.get("cwd") if isinstance(meta.get("cwd"), str) else None,
+        window_warning=window.get("warning") if isinstance(window.get("warning"), str) else None,
+        steps_logged=max((len(log) for log in logs), default=0),
+        unprofiled_step_us=_median_step(logs, unprofiled=True),
+        profiled_step_us=_median_step(logs, unprofiled=False),
+    )
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _median_step(logs: list[list[layout.StepRecord]], unprofiled: bool) -> float | None:
+    """The median over ranks of each rank's median step (the job's own time, us): of the
+    unprofiled steps after the window (or of the wait phase past start-up, when none follow),
+    or of the recorded ones."""
+    per_rank = []
+    for log in logs:
+        if unprofiled:
+            steps = [s for s in log if s.phase in (layout.Phase.AFTER, layout.Phase.UNPROFILED)]
+            if not steps:
+                steps = [s for s in log if s.phase == layout.Phase.WAIT][STARTUP_STEPS:]
+        else:
+            steps = [s for s in log if s.phase == layout.Phase.ACTIVE]
+        if steps:
+            per_rank.append(statistics.median(s.job_s for s in steps) * 1e6)
+    return statistics.median(per_rank) if per_rank else None

@@ -1,0 +1,135 @@
+"""Recsys stages of a step, and what each collective carries, from the labels around them.
+
+Every piece of activity (a kernel, a CPU op, a gloo transfer) belongs to the innermost label
+of the thread that issued it (its launch: the kernel's launch call, the collective's enqueue)
+that names a stage (vocabulary.label_meaning): TorchRec's `## forward N ##` with its
+`[lookup]_...` and `[output_dist]_...` inside, the built-in trainer's `nestpipe:*`, DDP's
+forward, autograd's backward nodes, the optimizers' steps, the DataLoader. A collective's
+purpose is the innermost purpose label around its launch; failing that, what it does inside its
+stage (an all-reduce during backward carries dense gradients, an all-to-all there embedding
+gradients). Its stage follows its purpose (vocabulary.PURPOSE_STAGE).
+
+Per step, a stage's time is the union of its activity (plus, for data loading, the host's time
+in the loader: the device waits then, with nothing of its own to show), and its exposed part is
+what no other stage's compute overlaps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recprof.analysis.intervals import IntervalSet
+from recprof.analysis.model import StageTime
+from recprof.analysis.windows import Window
+from recprof.trace.model import ActivityClass, LabelSpans, RankTrace
+from recprof.trace.vocabulary import COLLECTIVE_KINDS, PURPOSE_STAGE, PURPOSES, STAGES
+
+_OTHER = STAGES.index("other")
+_BACKWARD = STAGES.index("dense_backward")
+_DATA = STAGES.index("data_loading")
+_STAGE_OF_PURPOSE = {PURPOSES.index(p): STAGES.index(s) for p, s in PURPOSE_STAGE.items()}
+_UNKNOWN = PURPOSES.index("unknown")
+_ALL_REDUCE = COLLECTIVE_KINDS.index("all_reduce")
+_ALL_TO_ALL = COLLECTIVE_KINDS.index("all_to_all")
+_DENSE_GRADS = PURPOSES.index("dense_grads")
+_GRADS_BWD = PURPOSES.index("embedding_grads_bwd")
+_ROWS_FWD = PURPOSES.index("embedding_rows_fwd")
+_PREFETCH = PURPOSES.index("prefetch")
+
+
+@dataclass
+class Attribution:
+    """Per activity of a rank: its stage and, for a collective instance, its purpose."""
+
+    stage: np.ndarray  # index into STAGES
+    purpose: np.ndarray  # index into PURPOSES; -1 for what is not a collective instance
+
+
+def _innermost(labels: LabelSpans, rows: np.ndarray, times: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """For each time, the stage of the innermost label in `rows` open at it (-1 if none) and
+    the purpose of the innermost one that names a purpose (-1 if none). Labels of one thread
+    nest, so a sweep keeps the open ones on a stack."""
+    order = rows[np.lexsort((-labels.end[rows], labels.start[rows]))]
+    stage = np.full(times.size, -1, dtype=np.int16)
+    purpose = np.full(times.size, -1, dtype=np.int16)
+    stack: list[int] = []
+    nxt = 0
+    for i in np.argsort(times, kind="stable"):
+        t = times[i]
+        while nxt < order.size and labels.start[order[nxt]] <= t:
+            stack.append(int(order[nxt]))
+            nxt += 1
+        while stack and labels.end[stack[-1]] < t:
+            stack.pop()
+        open_ = [j for j in stack if labels.end[j] >= t]
+        if open_:
+            stage[i] = next((labels.stage[j] for j in reversed(open_) if labels.stage[j] >= 0),
+                            -1)
+            purpose[i] = next((labels.purpose[j] for j in reversed(open_)
+                               if labels.purpose[j] >= 0), -1)
+    return stage, purpose
+
+
+def attribute(trace: RankTrace) -> Attribution:
+    """The stage of every activity of a rank and the purpose of every collective instance."""
+    acts = trace.activities
+    n = len(acts)
+    stage = np.full(n, _OTHER, dtype=np.int16)
+    purpose = np.full(n, -1, dtype=np.int16)
+    labels = trace.labels
+    times = np.where(np.isnan(acts.launch), acts.start, acts.launch)
+    if labels is not None and len(labels) and n:
+        for on_main in (True, False):
+            sel = np.flatnonzero(acts.launched_on_main == on_main)
+            rows = np.flatnonzero(labels.main_thread == on_main)
+            if not sel.size or not rows.size:
+                continue
+            s, p = _innermost(labels, rows, times[sel])
+            stage[sel] = np.where(s >= 0, s, _OTHER)
+            purpose[sel] = p
+    coll = acts.coll_kind >= 0
+    # A collective without a purpose label: what it does inside its stage.
+    guess = np.where((stage == _BACKWARD) & (acts.coll_kind == _ALL_REDUCE), _DENSE_GRADS,
+                     np.where((stage == _BACKWARD) & (acts.coll_kind == _ALL_TO_ALL), _GRADS_BWD,
+                              _UNKNOWN))
+    purpose = np.where(coll & (purpose < 0), guess, purpose)
+    # The next batch's rows fetched on the built-in trainer's prefetch thread (DBP).
+    purpose = np.where(coll & (purpose == _ROWS_FWD) & ~acts.launched_on_main, _PREFETCH, purpose)
+    purpose = np.where(coll, purpose, -1)
+    for p, s in _STAGE_OF_PURPOSE.items():
+        stage = np.where(coll & (purpose == p), s, stage)
+    return Attribution(stage.astype(np.int16), purpose.astype(np.int16))
+
+
+def stage_times(trace: RankTrace, windows: list[Window],
+                attribution: Attribution) -> dict[str, StageTime]:
+    """Each stage's mean time and exposed time per step over `windows` (stages with none
+    are left out)."""
+    acts = trace.activities
+    compute = acts.klass == ActivityClass.COMPUTE
+    labels = trace.labels
+    loading = IntervalSet.empty()
+    if labels is not None and len(labels):
+        host = (labels.stage == _DATA) & labels.main_thread
+        loading = IntervalSet.of(labels.start[host], labels.end[host])
+    n = max(len(windows), 1)
+    out: dict[str, StageTime] = {}
+    for index, name in enumerate(STAGES):
+        mine = attribution.stage == index
+        spans = IntervalSet.of(acts.start[mine], acts.end[mine])
+        if index == _DATA:
+            spans = spans.union(loading)
+        if not len(spans):
+            continue
+        others = IntervalSet.of(acts.start[compute & ~mine], acts.end[compute & ~mine])
+        time = exposed = 0.0
+        for w in windows:
+            part = spans.clip(w.start, w.end)
+            time += part.total()
+            exposed += part.subtract(others).total()
+        if time > 0:
+            out[name] = StageTime(time_us_per_step=time / n, exposed_us_per_step=exposed / n)
+    return out
