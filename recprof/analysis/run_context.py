@@ -64,18 +64,21 @@ def _json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def timed_steps(log: list[layout.StepRecord], unprofiled: bool) -> list[layout.StepRecord]:
+    """The steps of one rank's log that time the job: the unprofiled steps after the window
+    (or the wait phase past start-up, when none follow), or the recorded ones."""
+    if not unprofiled:
+        return [s for s in log if s.phase == layout.Phase.ACTIVE]
+    steps = [s for s in log if s.phase in (layout.Phase.AFTER, layout.Phase.UNPROFILED)]
+    return steps or [s for s in log if s.phase == layout.Phase.WAIT][STARTUP_STEPS:]
+
+
 def _median_step(logs: list[list[layout.StepRecord]], unprofiled: bool) -> float | None:
-    """The median over ranks of each rank's median step (the job's own time, us): of the
-    unprofiled steps after the window (or of the wait phase past start-up, when none follow),
-    or of the recorded ones."""
+    """The median over ranks of each rank's median step (the job's own time, us) over its
+    `timed_steps`."""
     per_rank = []
     for log in logs:
-        if unprofiled:
-            steps = [s for s in log if s.phase in (layout.Phase.AFTER, layout.Phase.UNPROFILED)]
-            if not steps:
-                steps = [s for s in log if s.phase == layout.Phase.WAIT][STARTUP_STEPS:]
-        else:
-            steps = [s for s in log if s.phase == layout.Phase.ACTIVE]
+        steps = timed_steps(log, unprofiled)
         if steps:
             per_rank.append(statistics.median(s.job_s for s in steps) * 1e6)
     return statistics.median(per_rank) if per_rank else None

@@ -1,0 +1,346 @@
+"""The comparison of analysed runs (schema `recprof.compare/1`): plain dataclasses, JSON-ready.
+
+Every number is read from each run's analysis (recprof/analysis/model.py: a job's `per_step`,
+`stages`, `collectives` rows' per-step values, `findings`); this module only lines runs up and
+subtracts. Conventions (docs/compare.md):
+
+- The first run is the baseline: deltas, scaling factors and efficiencies are against it.
+- A run's `step_us` is the median of its per-step job times from one source shared by all the
+  runs: capture's step logs (unprofiled steps: the job's own pace) when every run has them,
+  else the traces' profiled steps. `per_step` is the analysis' mean profiled step, whose
+  `step` is the denominator of every share (stages and collectives are measured in traces).
+- Throughput = samples per step / `step_us`; scaling factor = throughput / the first run's;
+  efficiency = factor / (world size / the first run's world size). Weak scaling when the
+  per-rank batch is the same as the first run's, strong when the global batch is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from recprof import __version__, units
+from recprof.analysis.model import CollectiveStats, StepMetrics
+from recprof.compare.gate import GateResult, regression_gate
+from recprof.compare.loading import MODEL_KEYS, Run
+from recprof.nestpipe.knobs import KNOBS
+from recprof.trace.vocabulary import STAGES
+
+SCHEMA = "recprof.compare/1"
+LOGS_SOURCE = "capture step logs (unprofiled steps)"
+TRACES_SOURCE = "traces (profiled steps)"
+
+
+@dataclass
+class RunSummary:
+    label: str
+    source: str
+    job_id: str
+    world_size: int
+    nodes: int | None
+    backend: str | None
+    framework: str
+    device_kind: str
+    step_us: float
+    step_source: str
+    steps_timed: int
+    #: All-to-all time per step (every purpose; mean over ranks): Pinterest's scaling column.
+    all_to_all_us: float
+    samples_per_step: float | None
+    samples_source: str | None
+    throughput: float | None  # samples per second
+    scaling_factor: float | None  # throughput over the first run's
+    efficiency: float | None  # scaling_factor over the world-size ratio
+    #: The analysis' mean profiled step (breakdown per step, mean over ranks).
+    per_step: StepMetrics
+    #: The built-in trainer's knobs that differ from the synchronous baseline.
+    knobs: dict[str, Any] = field(default_factory=dict)
+    verdict: str = ""
+
+
+@dataclass
+class Scaling:
+    """The last run against the first: what scaling out (or a change) bought."""
+
+    factor: float | None
+    efficiency: float | None
+    kind: str  # weak | strong | mixed | same-size | unknown
+    explanation: str
+
+
+@dataclass
+class StageRun:
+    time_us: float
+    exposed_us: float
+    share: float  # % of the run's traced step
+
+
+@dataclass
+class StageDelta:
+    stage: str
+    runs: list[StageRun]
+    delta_us: float  # last run minus first, us per step
+    delta_exposed_us: float
+
+
+@dataclass
+class CollectiveRun:
+    count: float  # per rank per step
+    bytes: float | None  # per rank per step
+    time_us: float
+    exposed_us: float
+    busbw_gbps: float | None
+
+
+@dataclass
+class CollectiveDelta:
+    purpose: str
+    kind: str
+    runs: list[CollectiveRun]
+    delta_us: float
+    delta_exposed_us: float
+    busbw_ratio: float | None  # last over first
+
+
+@dataclass
+class FindingChange:
+    """Findings between two consecutive runs, by finding id."""
+
+    before: str
+    after: str
+    resolved: list[str]
+    new: list[str]
+    unchanged: list[str]
+
+
+@dataclass
+class Comparison:
+    runs: list[RunSummary]
+    scaling: Scaling | None
+    stages: list[StageDelta]
+    collectives: list[CollectiveDelta]
+    findings: list[FindingChange]
+    verdict: str
+    gate: GateResult | None = None
+    warnings: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+    recprof_version: str = __version__
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self), option=orjson.OPT_INDENT_2)
+
+
+# --- building ----------------------------------------------------------------------------------
+
+
+def compare_runs(runs: list[Run], fail_if_slower_pct: float | None = None) -> Comparison:
+    """Line the runs up against the first; run the gate on the last when a threshold is given."""
+    source = LOGS_SOURCE if all(r.logged_steps_us for r in runs) else TRACES_SOURCE
+    series = [_series(r, source) for r in runs]
+    summaries = [_summary(r, s, source) for r, s in zip(runs, series, strict=True)]
+    base = summaries[0]
+    for s in summaries:
+        if s.throughput is not None and base.throughput:
+            s.scaling_factor = s.throughput / base.throughput
+            s.efficiency = s.scaling_factor / (s.world_size / base.world_size)
+    stages = _stage_deltas(runs)
+    collectives = _collective_deltas(runs)
+    comparison = Comparison(
+        runs=summaries,
+        scaling=_scaling(runs, summaries) if len(runs) > 1 else None,
+        stages=stages,
+        collectives=collectives,
+        findings=[_finding_change(a, b) for a, b in itertools.pairwise(runs)],
+        verdict=_verdict(runs, summaries, stages, collectives),
+        warnings=_mismatch_warnings(runs) + [f"{r.label}: {w}" for r in runs for w in r.warnings],
+    )
+    if source == TRACES_SOURCE and any(r.logged_steps_us for r in runs):
+        comparison.warnings.append(
+            "not every run has capture step logs: every run is timed by its profiled steps")
+    if fail_if_slower_pct is not None:
+        comparison.gate = regression_gate(series[0], series[-1], fail_if_slower_pct, source,
+                                          runs[0].label, runs[-1].label)
+    return comparison
+
+
+def _series(run: Run, source: str) -> list[float]:
+    return run.logged_steps_us if source == LOGS_SOURCE else run.traced_steps_us()
+
+
+def _summary(run: Run, series: list[float], source: str) -> RunSummary:
+    job = run.job
+    step_us = statistics.median(series)
+    throughput = (run.samples_per_step / (step_us / 1e6)
+                  if run.samples_per_step and step_us > 0 else None)
+    knobs = {}
+    if run.trainer_config is not None:
+        knobs = {name: run.trainer_config[name] for name, knob in KNOBS.items()
+                 if name in run.trainer_config and run.trainer_config[name] != knob.baseline}
+    return RunSummary(
+        label=run.label, source=str(run.path), job_id=job.id, world_size=run.world_size,
+        nodes=run.nodes, backend=job.backend, framework=job.framework,
+        device_kind=job.device_kind, step_us=step_us, step_source=source,
+        steps_timed=len(series),
+        all_to_all_us=sum(c.total_us_per_step for c in job.collectives if c.kind == "all_to_all"),
+        samples_per_step=run.samples_per_step,
+        samples_source=run.samples_source, throughput=throughput, scaling_factor=None,
+        efficiency=None, per_step=job.per_step, knobs=knobs, verdict=job.verdict)
+
+
+def _scaling(runs: list[Run], summaries: list[RunSummary]) -> Scaling:
+    first, last = runs[0], runs[-1]
+    a, b = summaries[0], summaries[-1]
+    if a.samples_per_step is None or b.samples_per_step is None:
+        return Scaling(None, None, "unknown",
+                       "samples per step are unknown (no trainer summary): give "
+                       "--samples-per-step to compare throughput")
+    per_rank_a = a.samples_per_step / first.world_size
+    per_rank_b = b.samples_per_step / last.world_size
+    ratio = last.world_size / first.world_size
+    if first.world_size == last.world_size:
+        kind = "same-size"
+        words = (f"both runs have {first.world_size} rank(s): the factor is the speed-up of "
+                 f"{b.label} over {a.label}")
+    elif per_rank_a == per_rank_b:
+        kind = "weak"
+        words = (f"weak scaling: the same {per_rank_a:g} samples per rank per step, "
+                 f"{first.world_size} → {last.world_size} ranks (ideal factor {ratio:g}x)")
+    elif a.samples_per_step == b.samples_per_step:
+        kind = "strong"
+        words = (f"strong scaling: the same global batch of {a.samples_per_step:g} samples, "
+                 f"{first.world_size} → {last.world_size} ranks (ideal factor {ratio:g}x)")
+    else:
+        kind = "mixed"
+        words = (f"neither the global batch ({a.samples_per_step:g} → {b.samples_per_step:g}) "
+                 f"nor the per-rank batch ({per_rank_a:g} → {per_rank_b:g}) is the same: "
+                 "the factor compares throughput only")
+    return Scaling(b.scaling_factor, b.efficiency if kind != "same-size" else None, kind, words)
+
+
+def _stage_deltas(runs: list[Run]) -> list[StageDelta]:
+    """Every stage any run has, in the vocabulary's order; a run without it counts as zero."""
+    out = []
+    for name in STAGES:
+        if not any(name in r.job.stages for r in runs):
+            continue
+        cells = []
+        for r in runs:
+            st = r.job.stages.get(name)
+            time_us = st.time_us_per_step if st else 0.0
+            exposed = st.exposed_us_per_step if st else 0.0
+            cells.append(StageRun(time_us, exposed, units.share(time_us, r.job.per_step.step)))
+        out.append(StageDelta(name, cells, cells[-1].time_us - cells[0].time_us,
+                              cells[-1].exposed_us - cells[0].exposed_us))
+    return out
+
+
+def _collective_run(rows: list[CollectiveStats]) -> CollectiveRun:
+    """One purpose and kind of one run, summed over its process groups; busbw is the
+    time-weighted mean of the groups' (total bus bytes over total time), of groups of two or
+    more ranks."""
+    time_us = sum(c.total_us_per_step for c in rows)
+    sized = [c for c in rows if c.bytes_per_step is not None]
+    # A group of one rank moves nothing over a bus: its "bandwidth" is a memory copy's.
+    bw = [(c.busbw_gbps, c.total_us) for c in rows
+          if c.busbw_gbps is not None and c.group_size > 1]
+    weight = sum(w for _, w in bw)
+    return CollectiveRun(
+        count=sum(c.count_per_step for c in rows),
+        bytes=sum(c.bytes_per_step or 0.0 for c in sized) if sized else None,
+        time_us=time_us,
+        exposed_us=sum(c.exposed_us_per_step for c in rows),
+        busbw_gbps=sum(b * w for b, w in bw) / weight if weight > 0 else None)
+
+
+def _collective_deltas(runs: list[Run]) -> list[CollectiveDelta]:
+    """One row per (purpose, kind) any run has, largest last-run time first."""
+    keys = list(dict.fromkeys((c.purpose, c.kind) for r in runs for c in r.job.collectives))
+    out = []
+    for purpose, kind in keys:
+        cells = [_collective_run([c for c in r.job.collectives
+                                  if (c.purpose, c.kind) == (purpose, kind)]) for r in runs]
+        a, b = cells[0], cells[-1]
+        ratio = (b.busbw_gbps / a.busbw_gbps
+                 if a.busbw_gbps and b.busbw_gbps is not None else None)
+        out.append(CollectiveDelta(purpose, kind, cells, b.time_us - a.time_us,
+                                   b.exposed_us - a.exposed_us, ratio))
+    return sorted(out, key=lambda d: -max(d.runs[-1].time_us, d.runs[0].time_us))
+
+
+def _finding_change(before: Run, after: Run) -> FindingChange:
+    a = [f.id for f in before.job.findings]
+    b = [f.id for f in after.job.findings]
+    return FindingChange(before.label, after.label,
+                         resolved=[i for i in a if i not in b], new=[i for i in b if i not in a],
+                         unchanged=[i for i in b if i in a])
+
+
+def _going(first: Run, last: Run) -> str:
+    """`going from A to B (1 to 2 nodes)`: the labels, and what changed in the job's shape."""
+    text = f"going from {first.label} to {last.label}"
+    if first.nodes and last.nodes and first.nodes != last.nodes:
+        return f"{text} ({first.nodes} to {last.nodes} nodes)"
+    if first.world_size != last.world_size:
+        return f"{text} ({first.world_size} to {last.world_size} ranks)"
+    return text
+
+
+def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDelta],
+             collectives: list[CollectiveDelta]) -> str:
+    """The step's change, then what grew most: a collective purpose (with its bandwidth) when
+    one grew more than any stage's exposed part, else the stage."""
+    if len(runs) < 2:
+        return "One run: nothing to compare."
+    first, last = runs[0], runs[-1]
+    a, b = summaries[0], summaries[-1]
+    ms = units.duration
+    if b.step_us == a.step_us:
+        text = f"Step time stayed at {ms(b.step_us)} {_going(first, last)}"
+    else:
+        moved = "rose" if b.step_us > a.step_us else "fell"
+        text = f"Step time {moved} from {ms(a.step_us)} to {ms(b.step_us)} {_going(first, last)}"
+    if b.scaling_factor is not None and first.world_size != last.world_size:
+        text += f" (scaling factor {b.scaling_factor:.2f}x, efficiency {b.efficiency:.0%})"
+    grown_c = max(collectives, key=lambda d: d.delta_us, default=None)
+    grown_s = max(stages, key=lambda d: d.delta_us, default=None)
+    if grown_c is not None and grown_c.delta_us > 0 and (
+            grown_s is None or grown_c.delta_us >= grown_s.delta_us):
+        x, y = grown_c.runs[0], grown_c.runs[-1]
+        text += (f"; {grown_c.purpose} {grown_c.kind.replace('_', '-')} grew most, from "
+                 f"{ms(x.time_us)} to {ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → "
+                 f"{ms(y.exposed_us)})")
+        if grown_c.busbw_ratio is not None and grown_c.busbw_ratio > 0:
+            r = grown_c.busbw_ratio
+            text += (f"; busbw fell {1 / r:.1f}x" if r < 1 else f"; busbw rose {r:.1f}x")
+    elif grown_s is not None and grown_s.delta_us > 0:
+        x, y = grown_s.runs[0], grown_s.runs[-1]
+        text += (f"; stage {grown_s.stage} grew most, from {ms(x.time_us)} to "
+                 f"{ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → {ms(y.exposed_us)})")
+    return text + "."
+
+
+def _mismatch_warnings(runs: list[Run]) -> list[str]:
+    """Runs that are not the same job: compared anyway (a framework port, a model change can be
+    the point), but the reader must know the times are of different work."""
+    warnings = []
+    first = runs[0]
+    for run in runs[1:]:
+        pair = f"{first.label} and {run.label}"
+        if run.job.framework != first.job.framework:
+            warnings.append(f"{pair} ran different frameworks ({first.job.framework} vs "
+                            f"{run.job.framework}): the runs are not the same job")
+        elif first.trainer_config is not None and run.trainer_config is not None:
+            diff = [k for k in MODEL_KEYS
+                    if first.trainer_config.get(k) != run.trainer_config.get(k)]
+            if diff:
+                warnings.append(f"{pair} train different models ({', '.join(diff)} differ): "
+                                "their times are of different work")
+        if run.job.device_kind != first.job.device_kind:
+            warnings.append(f"{pair} ran on different devices ({first.job.device_kind} vs "
+                            f"{run.job.device_kind})")
+    return warnings
