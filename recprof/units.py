@@ -54,3 +54,11 @@ def size(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes:,.0f} B"
+
+
+def gbps(value: float | None) -> str:
+    """A bandwidth in GB/s, three significant figures so a 48-byte exchange's `0.0000312`
+    does not read as `0.00`; `–` when unknown."""
+    if value is None or not math.isfinite(value) or value <= 0:
+        return "–"
+    return f"{value:.3g}" if value >= 1e-3 else f"{value:.2e}"

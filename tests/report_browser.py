@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +67,8 @@ class PageCheck:
     #: Column 2 (step ms) of the breakdown table after one and after two header clicks.
     sorted_once: list[float] = field(default_factory=list)
     sorted_twice: list[float] = field(default_factory=list)
+    #: What the `act` callable returned, if one was given.
+    acted: object = None
 
 
 # Hover the first point of each 1-D plotly trace whose text holds `marker`; return the text
@@ -99,15 +101,18 @@ class Browser:
         self._context = context
 
     def load(self, html: Path, screenshot: Path | None = None,
-             hover_marker: str | None = None, sorted_table: str | None = "breakdown"
-             ) -> PageCheck:
+             hover_marker: str | None = None, sorted_table: str | None = "breakdown",
+             section_shots: dict[str, Path] | None = None,
+             act: Callable[[Any], object] | None = None) -> PageCheck:
         """Open `html` from disk and collect what a test asserts on.
 
         Console errors, uncaught page errors and any dialog (alert/confirm/prompt) are
         recorded; a dialog is dismissed so a payload cannot hang the page. Plots count as
         rendered when their div holds plotly's `.main-svg`. With `hover_marker`, points whose
         (escaped) hover text holds it are hovered and the label plotly draws is collected. With
-        `sorted_table`, that table's second column is sorted by two header clicks.
+        `sorted_table`, that table's second column is sorted by two header clicks. Each of
+        `section_shots` (CSS selector -> file) is screenshotted on its own, so a person can read
+        one section at full size; `act(page)` then does what a reader would (its result is kept).
         """
         check = PageCheck()
         page = self._context.new_page()
@@ -149,6 +154,11 @@ class Browser:
             if screenshot is not None:
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(screenshot), full_page=True)
+            for selector, path in (section_shots or {}).items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                page.locator(selector).first.screenshot(path=str(path))
+            if act is not None:
+                check.acted = act(page)
         finally:
             page.close()
         return check

@@ -10,13 +10,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from recprof import units
+from recprof import terminal, units
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.pipeline import analyze_paths
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
+from recprof.report.view import framework_line
 
 
 def analyze(
@@ -79,7 +79,9 @@ def _pct(part: float, whole: float) -> str:
     return units.percent(part, whole, digits=1)
 
 
+#: Rows printed at most; everything is in --json and the report.
 MAX_RANK_ROWS = 64
+MAX_COLLECTIVE_ROWS = 12
 
 
 def print_summary(result: AnalysisResult, console: Console) -> None:
@@ -93,26 +95,13 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
              + (f" ({', '.join(job.device_names)})" if job.device_names else ""))
     steps = (f"steps {job.steps_analysed[0]}-{job.steps_analysed[-1]}" if job.steps_analysed
              else "no ProfilerStep annotations")
-    table = Table(title=f"job {escape(job.id)}: {escape(shape)}, {steps}", title_justify="left")
-    for column in ("rank", "steps", "ms/step", "compute", "exp.comm", "hid.comm", "exp.H2D",
-                   "other", "idle", "wait ms"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.caption = ("% of step time; exp. = exposed (not under compute), hid. = hidden; other = "
-                     "D2H/D2D copies and memsets not under compute; wait ms = per step, "
-                     "waiting for later ranks at collectives")
-    for rank in job.ranks[:MAX_RANK_ROWS]:
-        t = rank.per_step
-        other_copies = t.exposed_copy_d2h + t.exposed_copy_d2d + t.exposed_other
-        table.add_row(
-            str(rank.rank) + ("*" if rank.rank_inferred else ""), str(len(rank.steps)),
-            _ms(t.step), _pct(t.compute, t.step), _pct(t.exposed_comm, t.step),
-            _pct(t.hidden_comm, t.step), _pct(t.exposed_copy_h2d, t.step),
-            _pct(other_copies, t.step), _pct(t.idle, t.step),
-            _ms(job.skew.wait_us_per_step_by_rank.get(rank.rank, 0.0)),
-        )
-    console.print(table)
-    if len(job.ranks) > MAX_RANK_ROWS:
-        console.print(f"  ... {len(job.ranks) - MAX_RANK_ROWS} more ranks (see --json)")
+    console.print(f"[bold]job {escape(job.id)}[/]: {escape(shape)}, {steps}", highlight=False)
+    console.print(f"  {escape(framework_line(job))}", highlight=False)
+    if job.run is not None and job.run.window_warning:
+        console.print(f"  [yellow]window:[/] {escape(job.run.window_warning)}", highlight=False)
+    _print_breakdown(job, console)
+    _print_stages(job, console)
+    _print_collectives(job, console)
     if job.skew.straggler_rank is not None:
         console.print(f"  [bold red]straggler:[/] rank {job.skew.straggler_rank}: the others "
                       f"wait {units.duration(job.skew.straggler_cost_us_per_step)} per step "
@@ -120,16 +109,69 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
                       highlight=False)
     elif len(job.ranks) > 1 and job.skew.straggler_rule:
         console.print(f"  [bold]skew:[/] {escape(job.skew.straggler_rule)}", highlight=False)
-    if job.collectives:
-        top = job.collectives[0]
-        size = (f", {top.mean_bytes / 1e6:,.2f} MB mean message, busbw {top.busbw_gbps:,.2f} GB/s"
-                if top.mean_bytes is not None and top.busbw_gbps is not None else "")
-        console.print(f"  [bold]top collective:[/] {top.kind} on group {escape(top.process_group)}"
-                      f": {top.count} calls, {_ms(top.total_us)} ms total, "
-                      f"{_ms(top.exposed_us)} ms exposed{size}")
     if any(r.rank_inferred for r in job.ranks):
         console.print("  * rank inferred (the trace has no distributedInfo rank)")
     _print_findings(job, console)
+
+
+def _print_breakdown(job: JobAnalysis, console: Console) -> None:
+    """Where each rank's step goes, in % of its step."""
+    table = terminal.table(
+        ("rank", "ms/step", "compute", "exp.comm", "hid.comm", "exp.H2D", "other", "idle",
+         "wait"))
+    for rank in job.ranks[:MAX_RANK_ROWS]:
+        t = rank.per_step
+        other_copies = t.exposed_copy_d2h + t.exposed_copy_d2d + t.exposed_other
+        table.add_row(
+            str(rank.rank) + ("*" if rank.rank_inferred else ""), _ms(t.step),
+            _pct(t.compute, t.step), _pct(t.exposed_comm, t.step),
+            _pct(t.hidden_comm, t.step), _pct(t.exposed_copy_h2d, t.step),
+            _pct(other_copies, t.step), _pct(t.idle, t.step),
+            _ms(job.skew.wait_us_per_step_by_rank.get(rank.rank, 0.0)),
+        )
+    terminal.print_table(console, table, (
+        "% of each rank's mean step; exp. = exposed (not under compute), hid. = hidden; other "
+        "= D2H/D2D copies and memsets not under compute; wait = ms per step waiting for later "
+        "ranks at collectives"))
+    if len(job.ranks) > MAX_RANK_ROWS:
+        console.print(f"  ... {len(job.ranks) - MAX_RANK_ROWS} more ranks (see --json)")
+
+
+def _print_stages(job: JobAnalysis, console: Console) -> None:
+    """The recsys stages, mean over ranks (the report's stage table)."""
+    if not job.stages:
+        return
+    step = job.per_step.step
+    table = terminal.table(
+        ("stage", "ms/step", "% of step", "exposed ms", "exposed %"), left=("stage",))
+    for name, stage in job.stages.items():
+        table.add_row(name, units.ms_cell(stage.time_us_per_step),
+                      _pct(stage.time_us_per_step, step), units.ms_cell(stage.exposed_us_per_step),
+                      _pct(stage.exposed_us_per_step, step))
+    terminal.print_table(console, table, (
+        "Recsys stages, mean over ranks; they overlap in a pipelined job, so they need not add "
+        "up to the step (docs/analysis.md, Stages)"))
+
+
+def _print_collectives(job: JobAnalysis, console: Console) -> None:
+    """Collectives by kind, group and what they carry, most time first."""
+    if not job.collectives:
+        return
+    table = terminal.table(
+        ("kind", "carries", "group", "n", "ms", "exp.ms", "bytes"),
+        left=("kind", "carries", "group"), flexible="group")
+    rows = sorted(job.collectives, key=lambda c: -c.total_us_per_step)
+    for c in rows[:MAX_COLLECTIVE_ROWS]:
+        count = c.count_per_step
+        table.add_row(c.kind, c.purpose, escape(c.process_group),
+                      f"{count:.1f}" if count % 1 else f"{count:.0f}",
+                      units.ms_cell(c.total_us_per_step), units.ms_cell(c.exposed_us_per_step),
+                      units.size(c.bytes_per_step) if c.bytes_per_step else "unknown")
+    terminal.print_table(console, table, (
+        "Collectives per step, mean over ranks: n calls, ms in them, exp.ms of that not under "
+        "compute, bytes sent"))
+    if len(rows) > MAX_COLLECTIVE_ROWS:
+        console.print(f"  ... {len(rows) - MAX_COLLECTIVE_ROWS} more (see --json or the report)")
 
 
 #: Findings printed in full in the terminal; the rest are listed by title (all are in --json

@@ -18,6 +18,7 @@ Conventions shared by all rules:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,7 +38,7 @@ from recprof.analysis.frameworks import (
     nestpipe_config,
     remedy,
 )
-from recprof.analysis.model import Finding
+from recprof.analysis.model import CollectiveStats, Finding
 from recprof.nestpipe.knobs import searched_by_default
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ QCOMMS_BF16_SAVING = 0.5
 
 #: Kinds the embedding path sends (keys, embeddings, gradients) and QComms/FWP act on.
 EMBEDDING_KINDS = frozenset({"all_to_all", "all_to_allv", "send_recv"})
+#: Purposes that carry ids and sizes, not embeddings: quantized comms leave them as they are.
+KEY_PURPOSES = frozenset({"kjt_splits", "kjt_lengths", "kjt_values", "key_routing"})
 #: Idle-gap causes that mean "the host did not feed the device" (analysis vocabulary).
 DATA_CAUSES = frozenset({"data_loading"})
 LAUNCH_CAUSES = frozenset({"host_bound_launch"})
@@ -154,6 +157,8 @@ class JobFacts:
     framework: str = "unknown"
     #: Exposed communication per kind per step (one union per kind: JobAnalysis).
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
+    #: Exposed embedding-path communication per step by what it carries (vocabulary.PURPOSES).
+    exposed_embedding_by_purpose: dict[str, float] = field(default_factory=dict)
     #: The built-in trainer's config file the job ran with, when `recprof tune` can use it.
     nestpipe_config: str | None = None
 
@@ -266,6 +271,29 @@ def _split_evidence(facts: JobFacts, split: _ExposedSplit) -> str:
 # --- the rules -------------------------------------------------------------------------------
 
 
+def _payload_share(by_purpose: dict[str, float]) -> float:
+    """The share of the exposed embedding-path time whose bytes are embeddings or gradients
+    (what QComms compresses), not keys or split sizes; 1 when no purpose is known."""
+    total = sum(by_purpose.values())
+    if total <= 0:
+        return 1.0
+    keys = sum(v for p, v in by_purpose.items() if p in KEY_PURPOSES)
+    return 1.0 - keys / total
+
+
+def _purpose_evidence(by_purpose: dict[str, float], exposed: float) -> str | None:
+    """`by what it carries: kjt_splits 1.5 ms, pooled_embeddings_fwd 1.2 ms`, when known."""
+    known = {p: v for p, v in by_purpose.items() if p != "unknown"}
+    if not known:
+        return None
+    text = "exposed by what it carries, per step: " + ", ".join(
+        f"{p} {_ms(v)}" for p, v in sorted(by_purpose.items(), key=lambda kv: -kv[1]))
+    together = sum(by_purpose.values())
+    if together > 1.05 * exposed:
+        text += f" (they overlap one another: {_ms(together)} summed, {_ms(exposed)} as a union)"
+    return text
+
+
 def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
     """Embedding all-to-all on the critical path: overlap it (FWP, DBP) or shrink it.
 
@@ -284,7 +312,8 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
         return None
     free_compute = max(facts.mean("compute_us") - facts.mean("hidden_comm_us"), 0.0)
     overlap_gain = min(transfer, free_compute)
-    qcomms_gain = QCOMMS_BF16_SAVING * transfer
+    payload = _payload_share(facts.exposed_embedding_by_purpose)
+    qcomms_gain = QCOMMS_BF16_SAVING * transfer * payload
     recoverable = max(overlap_gain, qcomms_gain)
     names = " and ".join(_kind_words(k) for k in kinds)
     per_rank = [r.exposed_comm_us / r.step_us for r in facts.ranks if r.step_us > 0]
@@ -299,10 +328,16 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
         _split_evidence(facts, split),
         f"compute not yet overlapping communication: {_ms(free_compute)} per step",
     ]
+    carried = _purpose_evidence(facts.exposed_embedding_by_purpose, exposed)
+    if carried:
+        evidence.insert(1, carried)
+    shrink = ("sending it in 16 bits halves the bytes" if payload == 1.0 else
+              f"sending embeddings and gradients in 16 bits halves their bytes ({payload:.0%} of "
+              f"the exposed time; keys and splits stay as they are)")
     estimate = (
         f"overlapping it with dense compute can hide up to {_ms(overlap_gain)} per step (the "
-        f"exposed time, capped by free compute); sending it in 16 bits halves the bytes, about "
-        f"{_ms(qcomms_gain)}; the larger of the two is counted"
+        f"exposed time, capped by free compute); {shrink}, about {_ms(qcomms_gain)}; the "
+        f"larger of the two is counted"
     )
     knobs, advice = _remedies(facts, OVERLAP, SHRINK, LOCALITY)
     return _finding(
@@ -483,10 +518,11 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
                         f"step) waiting for the host to launch work")
     return _finding(
         facts, id="host_idle", title=title, headline=headline,
-        evidence=[f"idle per step, mean over ranks: data loading {_ms(data)}, {launch_words} "
-                  f"{_ms(launch)} (all idle: {_ms(facts.mean('idle_us'))})"],
-        estimate=f"{'feeding the steps' if cpu else 'feeding the device'} in time recovers up "
-                 f"to {_ms(host)} per step",
+        evidence=["idle per step, mean over ranks: " + ", ".join(
+            f"{words} {_ms(us)}" for words, us in (("data loading", data), (launch_words, launch))
+            if us > 0) + f" (all idle: {_ms(facts.mean('idle_us'))})"],
+        estimate=(f"{'feeding the steps' if data >= launch else 'cutting that overhead'} "
+                  f"recovers up to {_ms(host)} per step"),
         recoverable_us=host, knobs=knobs, advice=advice,
     )
 
@@ -555,6 +591,25 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
+def _by_kind_and_group(rows: list[CollectiveStats]) -> list[CollectiveStats]:
+    """The analysis' rows (kind x group x purpose) summed over purposes: the small-message rule
+    asks whether one kind's messages in one group could travel as fewer, larger ones, whatever
+    each carries (FusedRec fuses the KJT and embedding all-to-alls together)."""
+    merged: dict[tuple[str, str], CollectiveStats] = {}
+    for c in rows:
+        key = (c.kind, c.process_group)
+        if key not in merged:
+            merged[key] = dataclasses.replace(c, purpose="any")
+            continue
+        m = merged[key]
+        m.count_per_step += c.count_per_step
+        m.total_us_per_step += c.total_us_per_step
+        m.exposed_us_per_step += c.exposed_us_per_step
+        if c.bytes_per_step is not None:
+            m.bytes_per_step = (m.bytes_per_step or 0.0) + c.bytes_per_step
+    return list(merged.values())
+
+
 def job_facts(job: JobAnalysis) -> JobFacts:
     """Normalise a `JobAnalysis` into the numbers the rules read (means per rank per step)."""
     ranks: list[RankFacts] = []
@@ -586,7 +641,7 @@ def job_facts(job: JobAnalysis) -> JobFacts:
             by_kind.setdefault(smp.kind, []).append(point)
 
     collectives: list[CollectiveFacts] = []
-    for c in job.collectives:
+    for c in _by_kind_and_group(job.collectives):
         small = [p for p in samples_by_key.get((c.kind, c.process_group), [])
                  if p[0] < SMALL_MESSAGE_BYTES and (p[3] or p[2] <= SMALL_MESSAGE_MAX_US)]
         small_median = _percentile([p[0] for p in small], 0.5)
@@ -606,6 +661,11 @@ def job_facts(job: JobAnalysis) -> JobFacts:
             small_median_algbw_gbps=_percentile([p[1] for p in small], 0.5),
             large_message_algbw_gbps=large_bw,
         ))
+    exposed_by_purpose: dict[str, float] = {}
+    for c in job.collectives:
+        if c.kind in EMBEDDING_KINDS and c.exposed_us_per_step > 0:
+            exposed_by_purpose[c.purpose] = (exposed_by_purpose.get(c.purpose, 0.0)
+                                             + c.exposed_us_per_step)
     skew = job.skew
     return JobFacts(
         job_id=job.id, world_size=job.world_size or len(job.ranks), backend=job.backend or "",
@@ -620,5 +680,6 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         straggler_blocking_by_kind=dict(skew.straggler_blocking_us_per_step_by_kind),
         framework=job.framework,
         exposed_by_kind=dict(job.exposed_comm_us_per_step_by_kind),
+        exposed_embedding_by_purpose=exposed_by_purpose,
         nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
     )

@@ -29,6 +29,16 @@ SIGNATURES = {
     "ddp": "DistributedDataParallel.forward calls",
 }
 
+#: How the report and the terminal name each framework.
+DISPLAY_NAMES = {
+    "torchrec": "TorchRec",
+    "nestpipe": "recprof's built-in NestPipe trainer",
+    "ddp": "PyTorch DistributedDataParallel",
+    "fsdp": "PyTorch FSDP",
+    "megatron": "Megatron-style tensor parallelism",
+    "unknown": "no known framework",
+}
+
 
 def detect(marks: Iterable[dict[str, int]]) -> tuple[str, list[str]]:
     """(framework, evidence) from the ranks' signature counts; `unknown` when none shows."""

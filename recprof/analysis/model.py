@@ -14,6 +14,7 @@ these two.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -324,6 +325,20 @@ class PeerBytes:
     ranks: list[int]
     matrix: list[list[float]]
 
+    def received(self) -> list[float]:
+        """Bytes each rank receives per step (column sums), ranks in order."""
+        return [sum(row[j] for row in self.matrix) for j in range(len(self.ranks))]
+
+    def total(self) -> float:
+        return sum(map(sum, self.matrix))
+
+    def imbalance(self) -> float:
+        """The busiest receiver's bytes over the mean receiver's (1.0: even): in an all-to-all
+        every rank waits for the one that receives the most."""
+        received = self.received()
+        mean = sum(received) / len(received) if received else 0.0
+        return max(received) / mean if mean > 0 else 1.0
+
 
 @dataclass
 class RunContext:
@@ -385,27 +400,53 @@ class AnalysisResult:
                             option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
 
 
-def _decode(tp: Any, value: Any) -> Any:
-    """Rebuild a value of type `tp` from its JSON form (dataclasses, lists, dicts, optionals)."""
-    if value is None:
-        return None
+def _decode(tp: Any, value: Any, where: str = "document") -> Any:
+    """Rebuild a value of type `tp` from its JSON form (dataclasses, lists, dicts, optionals),
+    checking it on the way: the report formats every number it is given, so a null, a string
+    or a non-finite value where a number belongs must stop here as a `ValueError` naming the
+    field, not as a traceback deep in a figure."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _decode(inner[0], value)
+        return _decode(inner[0], value, where)
+    if value is None:
+        raise ValueError(f"{where} is null")
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                value):
+            raise ValueError(f"{where} is {_kind(value)}, not a finite number")
+        return value
+    if tp in (int, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ValueError(f"{where} is {_kind(value)}, not a {tp.__name__}")
+        return value
     if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is {_kind(value)}, not an object")
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _decode(hints[f.name], value[f.name])
+        return tp(**{f.name: _decode(hints[f.name], value[f.name], f"{where}.{f.name}")
                      for f in dataclasses.fields(tp) if f.name in value})
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        return [_decode(item, v) for v in value]
-    if origin is tuple:
-        return tuple(value)
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ValueError(f"{where} is {_kind(value)}, not a list")
+        items = typing.get_args(tp)
+        if origin is tuple:
+            return tuple(_decode(t, v, f"{where}[{i}]")
+                         for i, (t, v) in enumerate(zip(items, value, strict=True)))
+        return [_decode(items[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is {_kind(value)}, not an object")
         key_t, val_t = typing.get_args(tp)
-        return {(int(k) if key_t is int else k): _decode(val_t, v) for k, v in value.items()}
+        return {(int(k) if key_t is int else k): _decode(val_t, v, f"{where}[{k!r}]")
+                for k, v in value.items()}
     return value
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
 
 
 def load_analysis_json(path: Path) -> AnalysisResult:
@@ -423,7 +464,7 @@ def load_analysis_json(path: Path) -> AnalysisResult:
     try:
         result = _decode(AnalysisResult, doc)
     except (KeyError, TypeError, ValueError) as exc:
-        raise RecprofError(f"{path}: malformed analysis document ({exc})") from None
+        raise RecprofError(f"{path}: malformed analysis document ({str(exc)[:300]})") from None
     if doc["schema"] != SCHEMA:
         from recprof.analysis.summary import summarize_job, upgrade_v1
 

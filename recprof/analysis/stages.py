@@ -10,8 +10,8 @@ stage (an all-reduce during backward carries dense gradients, an all-to-all ther
 gradients). Its stage follows its purpose (vocabulary.PURPOSE_STAGE).
 
 Per step, a stage's time is the union of its activity (plus, for data loading, the host's time
-in the loader: the device waits then, with nothing of its own to show), and its exposed part is
-what no other stage's compute overlaps.
+in the loader on any thread: the device waits then, with nothing of its own to show), and its
+exposed part is what no other stage's compute overlaps.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from recprof.trace.vocabulary import COLLECTIVE_KINDS, PURPOSE_STAGE, PURPOSES, 
 
 _OTHER = STAGES.index("other")
 _BACKWARD = STAGES.index("dense_backward")
+_FORWARD = STAGES.index("dense_forward")
+_EMBEDDING_A2A = STAGES.index("embedding_a2a")
 _DATA = STAGES.index("data_loading")
 _STAGE_OF_PURPOSE = {PURPOSES.index(p): STAGES.index(s) for p, s in PURPOSE_STAGE.items()}
 _UNKNOWN = PURPOSES.index("unknown")
@@ -101,6 +103,10 @@ def attribute(trace: RankTrace) -> Attribution:
     purpose = np.where(coll, purpose, -1)
     for p, s in _STAGE_OF_PURPOSE.items():
         stage = np.where(coll & (purpose == p), s, stage)
+    # An all-to-all under a forward label that no label explains moves sparse data (keys or
+    # embeddings), not dense compute: older TorchRec labels only the KJT parts.
+    stage = np.where(coll & (purpose == _UNKNOWN) & (stage == _FORWARD)
+                     & (acts.coll_kind == _ALL_TO_ALL), _EMBEDDING_A2A, stage)
     return Attribution(stage.astype(np.int16), purpose.astype(np.int16))
 
 
@@ -113,7 +119,7 @@ def stage_times(trace: RankTrace, windows: list[Window],
     labels = trace.labels
     loading = IntervalSet.empty()
     if labels is not None and len(labels):
-        host = (labels.stage == _DATA) & labels.main_thread
+        host = labels.stage == _DATA  # any thread: DBP loads on its prefetch thread
         loading = IntervalSet.of(labels.start[host], labels.end[host])
     n = max(len(windows), 1)
     out: dict[str, StageTime] = {}

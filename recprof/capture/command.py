@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from recprof import terminal
 from recprof.capture import layout
 from recprof.capture.finish import analyze_and_report
 from recprof.capture.launcher import job_env, run_job
@@ -131,9 +131,8 @@ def _run_name(program: str) -> str:
 
 def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> None:
     """One row per rank, then what is missing, then where the manifest is."""
-    table = Table(title="captured", title_justify="left", show_edge=False)
-    for column in ("rank", "steps", "trace", "MB", "events", "profiled", "exit"):
-        table.add_column(column)
+    table = terminal.table(("rank", "steps", "trace", "MB", "events", "profiled", "exit"),
+                           title="captured", left=("trace", "exit"), flexible="exit")
     for r in manifest["ranks"]:
         exit_ = r.get("exit") or {"status": "killed"}
         ended = exit_["status"].replace("_", " ")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import Batch
@@ -276,7 +277,9 @@ class ShardedEmbeddings:
             window.fetches[m] = []
             for ex in window.exchanges:
                 mine, theirs = (ex.first == m) & ~ex.skip, (ex.recv_first == m) & ~ex.recv_skip
-                wire = self.fwd_codec.encode(self.weight.index_select(0, ex.recv_slots[theirs]))
+                with record_function("nestpipe:lookup"):
+                    wire = self.fwd_codec.encode(
+                        self.weight.index_select(0, ex.recv_slots[theirs]))
                 send = self._per_shard(ex.peer[theirs])
                 got = self.fwd_codec.empty(int(mine.sum()), self.dim, self.device)
                 work = dist.all_to_all_single(got, wire, self._per_shard(ex.owner[mine]), send,

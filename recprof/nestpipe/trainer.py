@@ -6,6 +6,7 @@ One step, every stage under a stable `record_function` label (docs/nestpipe.md):
     nestpipe:h2d                 its host-to-device copy (non-blocking; a no-op on CPU)
     nestpipe:key_routing         micro-batch split/clustering, dedup, owners, slot all-to-alls
     nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-alls started (async)
+      nestpipe:lookup              inside it: the owners' row gather (index_select, encode)
     nestpipe:embedding_a2a_wait  waiting for the rows a micro-batch uses first
     nestpipe:dense_fwd           pooling, dense forward and loss (per micro-batch)
     nestpipe:dense_bwd           backward through the dense layers and the pooling

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 from recprof import units
-from recprof.analysis.model import CollectiveStats, JobAnalysis, StepMetrics
+from recprof.analysis.frameworks import DISPLAY_NAMES
+from recprof.analysis.model import CollectiveStats, JobAnalysis, StageTime, StepMetrics
 from recprof.report import figures
 from recprof.report.sections import (
     Bullets,
@@ -24,6 +25,7 @@ from recprof.report.sections import (
     SideBySide,
     Table,
 )
+from recprof.trace.vocabulary import PURPOSE_MEANING, STAGE_MEANING
 
 #: Largest idle gaps listed.
 MAX_GAP_ROWS = 25
@@ -75,10 +77,20 @@ def _ms_cell(us: float, of: float | None = None) -> Cell:
 # --- sections --------------------------------------------------------------------------------
 
 
+def framework_line(job: JobAnalysis) -> str:
+    """`Framework: TorchRec (from 230 TorchRec ... labels; 10 DistributedDataParallel...)`."""
+    return (f"Framework: {DISPLAY_NAMES.get(job.framework, job.framework)} (from "
+            + "; ".join(job.framework_evidence) + ")")
+
+
 def _verdict(job: JobAnalysis, anchor: str) -> Section:
     warnings = list(dict.fromkeys([*job.warnings, *(w for r in job.ranks for w in r.warnings)]))
     blocks: list = [Paragraph(job.verdict, css=f"verdict {'ok' if not job.findings else 'bad'}"),
-                    Paragraph(job_shape(job), css="shape")]
+                    Paragraph(job_shape(job), css="shape"),
+                    Paragraph(framework_line(job), css="shape")]
+    if job.run is not None and job.run.window_warning:
+        blocks.append(Paragraph(f"Recorded window: {job.run.window_warning}.",
+                                css="warnings"))
     if warnings:
         blocks.append(Bullets(_capped(warnings), heading="Analysis warnings", css="warnings"))
     return Section(f"{anchor}-verdict", "Verdict", blocks)
@@ -119,6 +131,37 @@ def _breakdown(job: JobAnalysis, anchor: str, figs: dict) -> Section:
               "and without communication underneath."))
 
 
+def _stage_row(name: str, stage: StageTime, job: JobAnalysis) -> list[Cell]:
+    step = job.per_step.step
+    spread = [r.stages[name].time_us_per_step if name in r.stages else 0.0 for r in job.ranks]
+    return [
+        Cell(name, css="name whole", sub=STAGE_MEANING.get(name)),
+        _ms_cell(stage.time_us_per_step),
+        Cell(f"{units.share(stage.time_us_per_step, step):.1f}%",
+             sort=stage.time_us_per_step, css="num"),
+        _ms_cell(stage.exposed_us_per_step, of=step),
+        Cell(f"{min(spread) / 1000:.2f}–{max(spread) / 1000:.2f}", sort=max(spread), css="num"),
+    ]
+
+
+def _stages(job: JobAnalysis, anchor: str) -> Section:
+    title = "Recsys stages (mean ms per step)"
+    if not job.stages:
+        return Section(f"{anchor}-stages", title, [Paragraph(
+            "No activity could be placed in a stage (the trace has no step labels).",
+            css="muted")])
+    table = Table(
+        columns=[Column("stage"), Column("ms/step", True), Column("% of step", True),
+                 Column("exposed ms/step", True), Column("range over ranks", True)],
+        rows=[_stage_row(name, st, job) for name, st in job.stages.items()], css="stages")
+    return Section(f"{anchor}-stages", title, [table], note=(
+        "Each stage's time is the union of its activity per step (its labels' spans and the "
+        "kernels and collectives launched inside them), mean over ranks; exposed is the part "
+        "no other stage's compute runs under. Stages overlap in a pipelined job (the next "
+        "batch's input dist under this batch's forward), so the times do not add up to the "
+        "step. Stage rules: docs/analysis.md, Stages."))
+
+
 def _timeline(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     info = figures.timeline_info(job)
     title = "Timeline of one representative step per rank"
@@ -133,13 +176,15 @@ def _timeline(job: JobAnalysis, anchor: str, figs: dict) -> Section:
 def _collective_row(c: CollectiveStats) -> list[Cell]:
     count = c.count_per_step
     return [
-        Cell(c.kind, css="name"), Cell(c.process_group, css="name"),
+        Cell(c.kind, css="name whole"),
+        Cell(c.purpose, css="name whole", sub=PURPOSE_MEANING.get(c.purpose)),
+        Cell(c.process_group, css="name"),
         Cell(f"{count:.1f}" if count % 1 else f"{count:.0f}", sort=count, css="num"),
         _ms_cell(c.total_us_per_step), _ms_cell(c.exposed_us_per_step),
         Cell(units.size(c.bytes_per_step) if c.bytes_per_step else "unknown",
              sort=c.bytes_per_step or -1, css="num"),
-        Cell(f"{c.algbw_gbps:.2f}" if c.algbw_gbps else "–", sort=c.algbw_gbps or -1, css="num"),
-        Cell(f"{c.busbw_gbps:.2f}" if c.busbw_gbps else "–", sort=c.busbw_gbps or -1, css="num"),
+        Cell(units.gbps(c.algbw_gbps), sort=c.algbw_gbps or -1, css="num"),
+        Cell(units.gbps(c.busbw_gbps), sort=c.busbw_gbps or -1, css="num"),
     ]
 
 
@@ -149,20 +194,31 @@ def _collectives(job: JobAnalysis, anchor: str, figs: dict) -> Section:
         return Section(f"{anchor}-collectives", title, [
             Paragraph("No collective communication found in this job.", css="muted")])
     table = Table(
-        columns=[Column("kind"), Column("process group"), Column("count/step", True),
+        columns=[Column("kind"), Column("carries"), Column("process group"),
+                 Column("count/step", True),
                  Column("total ms/step", True), Column("exposed ms/step", True),
                  Column("bytes/step", True), Column("algbw GB/s", True),
                  Column("busbw GB/s", True)],
         rows=[_collective_row(c) for c in sorted(job.collectives, key=lambda c: -c.total_us)],
         css="collectives")
+    blocks: list = [table]
     info = figures.bandwidth_scatter_info(job)
     if info is None:
-        return Section(f"{anchor}-collectives", title, [table], note=(
-            "No per-instance message sizes in this trace, so no bandwidth scatter."))
-    figs[f"{anchor}-scatter"] = figures.plot_bandwidth_scatter(info)
-    return Section(f"{anchor}-collectives", title, [
-        table, Plot(f"{anchor}-scatter", heading="Bandwidth versus message size",
-                    note=figures.scatter_note(info))])
+        blocks.append(Paragraph(
+            "No per-instance message sizes in this trace, so no bandwidth scatter.", css="note"))
+    else:
+        figs[f"{anchor}-scatter"] = figures.plot_bandwidth_scatter(info)
+        blocks.append(Plot(f"{anchor}-scatter", heading="Bandwidth versus message size",
+                           note=figures.scatter_note(info)))
+    peers = figures.peer_bytes_info(job)
+    if peers is not None:
+        figs[f"{anchor}-peer-bytes"] = figures.plot_peer_bytes(peers)
+        blocks.append(Plot(f"{anchor}-peer-bytes",
+                           heading="All-to-all bytes per peer, by what they carry",
+                           note=figures.peer_bytes_note(peers)))
+    return Section(f"{anchor}-collectives", title, blocks, note=(
+        "One row per kind, process group and what the collective carries (from the labels "
+        "around its launch; docs/analysis.md, Collective purposes)."))
 
 
 def _skew_text(job: JobAnalysis) -> str:
@@ -298,6 +354,7 @@ def job_part(job: JobAnalysis, index: int, titled: bool) -> Part:
     sections = [
         _verdict(job, anchor),
         _breakdown(job, anchor, figs),
+        _stages(job, anchor),
         _timeline(job, anchor, figs),
         _collectives(job, anchor, figs),
         _skew(job, anchor, figs),

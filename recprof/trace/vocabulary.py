@@ -179,33 +179,38 @@ def bus_factor(kind: str, group_size: int) -> float:
 
 # --- what a training step's labels mean: recsys stages, collective purposes, frameworks ------
 
-#: What a span of a step is for, in recsys terms (docs/analysis.md, "Stages").
-STAGES = (
-    "data_loading",  # the next batch: DataLoader, collate, host-to-device copy
-    "input_dist",  # routing the batch's keys to the ranks that own them (KJT all-to-alls)
-    "embedding_lookup",  # reading rows (and pooling) on the owning rank
-    "embedding_a2a",  # sending looked-up embeddings to the ranks whose samples need them
-    "dense_forward",
-    "dense_backward",
-    "embedding_grad_a2a",  # sending embedding gradients back to their owners
-    "dense_allreduce",  # summing dense gradients over the replicas
-    "optimizer",  # dense and sparse updates (TorchRec fuses the sparse one into its backward)
-    "other",
-)
+#: What a span of a step is for, in recsys terms (docs/analysis.md, "Stages"), with the
+#: meaning the report and the terminal print beside each.
+STAGE_MEANING = {
+    "data_loading": "the next batch: DataLoader, collate, host-to-device copy",
+    "input_dist": "routing the batch's keys to the ranks that own their rows (KJT all-to-alls)",
+    "embedding_lookup": "reading and pooling rows on the owning rank",
+    "embedding_a2a": "sending looked-up embeddings to the ranks whose samples need them",
+    "dense_forward": "the dense layers' forward (bottom/top MLP, interaction)",
+    "dense_backward": "the backward pass (TorchRec fuses the sparse update into it)",
+    "embedding_grad_a2a": "sending embedding gradients back to the rows' owners",
+    "dense_allreduce": "summing dense gradients over the replicas",
+    "optimizer": "dense and sparse parameter updates",
+    "other": "activity under no stage's label",
+}
+STAGES = tuple(STAGE_MEANING)
 
-#: What a collective carries.
-PURPOSES = (
-    "kjt_splits", "kjt_lengths", "kjt_values",  # TorchRec's input distribution, three parts
-    "key_routing",  # the built-in trainer's routing of deduplicated keys
-    "pooled_embeddings_fwd",  # TorchRec: pooled embeddings to the samples' ranks
-    "embedding_rows_fwd",  # the built-in trainer: embedding rows to the ranks that asked
-    "embedding_grads_bwd",  # gradients back to the rows' owners
-    "hsp_embedding_grads",  # embedding gradients summed across HSP groups
-    "dense_grads",  # dense gradients summed over replicas (DDP, the trainer's all-reduce)
-    "prefetch",  # the next batch's rows fetched ahead (the trainer's DBP thread)
-    "dbp_refresh",  # rows of the prefetched batch the update changed
-    "unknown",
-)
+#: What a collective carries, with its meaning.
+PURPOSE_MEANING = {
+    "kjt_splits": "TorchRec input dist: how many keys go to each rank",
+    "kjt_lengths": "TorchRec input dist: the keys' bag lengths",
+    "kjt_values": "TorchRec input dist: the key ids",
+    "key_routing": "the built-in trainer's deduplicated keys to their owners",
+    "pooled_embeddings_fwd": "TorchRec: pooled embeddings to the samples' ranks",
+    "embedding_rows_fwd": "the built-in trainer: embedding rows to the ranks that asked",
+    "embedding_grads_bwd": "embedding gradients back to the rows' owners",
+    "hsp_embedding_grads": "embedding gradients summed across HSP groups",
+    "dense_grads": "dense gradients summed over replicas (DDP, the trainer's all-reduce)",
+    "prefetch": "the next batch's rows fetched ahead (the trainer's DBP thread)",
+    "dbp_refresh": "rows of the prefetched batch that the update changed",
+    "unknown": "no label around it says what it carries",
+}
+PURPOSES = tuple(PURPOSE_MEANING)
 
 #: Where each purpose's traffic belongs among the stages.
 PURPOSE_STAGE = {
@@ -243,6 +248,7 @@ _LABELS: tuple[tuple[re.Pattern[str], str | None, str | None], ...] = tuple(
         # the built-in trainer
         (r"^nestpipe:(data_wait|h2d)$", "data_loading", None),
         (r"^nestpipe:key_routing$", "input_dist", "key_routing"),
+        (r"^nestpipe:lookup$", "embedding_lookup", None),
         (r"^nestpipe:embedding_a2a_(fwd|wait)$", "embedding_a2a", "embedding_rows_fwd"),
         (r"^nestpipe:dbp_refresh$", "embedding_a2a", "dbp_refresh"),
         (r"^nestpipe:dense_fwd$", "dense_forward", None),

@@ -5,6 +5,7 @@ Each test runs a real job under capture and checks what lands in the run folder.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,8 @@ from capture_helpers import (
     trace_events,
 )
 
+from recprof.analysis import load_analysis_json
+from recprof.analysis.frameworks import knobs_of
 from recprof.capture.command import NO_TRACE_EXIT
 
 pytest.importorskip("torch")
@@ -95,6 +98,22 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
     assert man["report"] == "report.html", explain(proc)
     assert f"report: {out / 'report.html'}" in " ".join(proc.stderr.split())
 
+    # What the analysis makes of a hand-written DDP loop: its framework, the stages its
+    # annotations name, and honest "unknown" for the forward all-to-alls no label explains.
+    (job,) = load_analysis_json(out / "analysis.json").jobs
+    assert job.framework == "ddp"
+    for rank in job.ranks:
+        for name in ("dense_forward", "dense_backward", "dense_allreduce", "optimizer",
+                     "embedding_grad_a2a"):
+            assert rank.stages[name].time_us_per_step > 0, (rank.rank, name)
+        assert "input_dist" not in rank.stages and "embedding_a2a" not in rank.stages
+    purposes = {(c.kind, c.purpose) for c in job.collectives}
+    assert purposes == {("all_reduce", "dense_grads"), ("all_to_all", "embedding_grads_bwd"),
+                        ("all_to_all", "unknown")}
+    for finding in job.findings:
+        assert set(finding.knobs) <= knobs_of("ddp"), finding.knobs
+        assert not finding.commands
+
 
 def test_work_on_helper_threads_is_recorded(tmp_path: Path) -> None:
     """DBP routes and prefetches the next batch on a helper thread: its ops and collectives
@@ -112,6 +131,37 @@ def test_work_on_helper_threads_is_recorded(tmp_path: Path) -> None:
         # the dedup itself, an ATen op that only the helper thread runs
         assert any(e.get("name", "").startswith("aten::_unique") and e["tid"] in routing
                    for e in events)
+
+
+def test_trainer_stages_purposes_and_a_tune_command_that_runs_as_printed(tmp_path: Path
+                                                                        ) -> None:
+    """The built-in trainer, run from its config file alone: every stage and purpose named by
+    its labels, and the finding's `recprof tune` line runs from another folder as printed."""
+    out = tmp_path / "run"
+    proc = run_capture(out, (1, 1, 3), *TORCHRUN, "2", "-m", "recprof.nestpipe", "--config",
+                       str(TINY_CONFIG.relative_to(REPO_ROOT)), report=True)
+    assert_finished(proc)
+    (job,) = load_analysis_json(out / "analysis.json").jobs
+    assert job.framework == "nestpipe"
+    for rank in job.ranks:
+        for name in ("data_loading", "input_dist", "embedding_lookup", "embedding_a2a",
+                     "dense_forward", "dense_backward", "embedding_grad_a2a",
+                     "dense_allreduce", "optimizer"):
+            assert rank.stages[name].time_us_per_step > 0, (rank.rank, name)
+    assert {(c.kind, c.purpose) for c in job.collectives} == {
+        ("all_to_all", "key_routing"), ("all_to_all", "embedding_rows_fwd"),
+        ("all_to_all", "embedding_grads_bwd"), ("all_reduce", "dense_grads")}
+    commands = [c for f in job.findings for c in f.commands if c.startswith("recprof tune")]
+    assert commands, [f.id for f in job.findings]
+    assert f"--config {TINY_CONFIG}" in commands[0]  # absolute: runs from any folder
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    tune = subprocess.run(
+        [sys.executable, "-m", "recprof", *shlex.split(commands[0])[1:], "--trials", "1",
+         "--out", str(elsewhere / "tune"), "--capture", "off", "--no-progress"],
+        capture_output=True, text=True, timeout=600, cwd=elsewhere, env=JOB_ENV)
+    assert tune.returncode == 0, tune.stderr[-3000:]
+    assert (elsewhere / "tune" / "study.db").is_file()
 
 
 def test_job_without_optimizer_steps_on_the_outermost_forward(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html as htmllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from report_browser import ARTIFACTS, Browser, PageCheck
@@ -70,10 +71,24 @@ def test_golden_torchrec_report_says_what_the_job_does(golden_run: Path,
     """TorchRec's golden DLRM, captured as a user would: no false straggler, the waiting is
     mostly hidden behind its pipeline, and the exposed all-to-all leads the verdict."""
     shot = ARTIFACTS / "report-golden-torchrec.png"
-    check = browser.load(golden_run / "report.html", shot)
-    _assert_clean(check, min_plots=4)
+    sections = {f"section[id$='-{name}']": ARTIFACTS / f"report-golden-torchrec-{name}.png"
+                for name in ("verdict", "stages", "collectives", "findings")}
+    check = browser.load(golden_run / "report.html", shot, section_shots=sections,
+                         act=_pick_peer_purpose("kjt_values"))
+    _assert_clean(check, min_plots=5)
+    assert all(path.stat().st_size > 10_000 for path in sections.values())
     text = " ".join(check.text.split())
     (job,) = load_analysis_json(golden_run / "analysis.json").jobs
+    # The stage table, the purposes and the framework, as the analysis has them.
+    assert "Framework: TorchRec (from" in text
+    assert "Recsys stages" in text
+    for stage in ("input_dist", "embedding_a2a", "dense_forward", "dense_backward", "optimizer"):
+        assert stage in text
+    for purpose in ("kjt_splits", "kjt_lengths", "kjt_values", "pooled_embeddings_fwd",
+                    "embedding_grads_bwd", "dense_grads"):
+        assert purpose in text
+    # A reader picks kjt_values in the per-peer bytes selector and sees its matrix.
+    assert check.acted == "kjt_values"
     skew = job.skew
     rule = skew.straggler_rule[0].upper() + skew.straggler_rule[1:]
     assert " ".join(rule.split()) in text  # the report says what the analysis decided
@@ -85,6 +100,20 @@ def test_golden_torchrec_report_says_what_the_job_does(golden_run: Path,
         assert skew.straggler_cost_us_per_step <= other
     assert "hidden wait" in text and "critical path" in text
     assert "exposed" in job.verdict.lower() or skew.straggler_rank is not None
+
+
+def _pick_peer_purpose(purpose: str) -> Callable[[object], object]:
+    """Open the per-peer bytes selector, pick `purpose`, return the purpose of the heatmap
+    then visible."""
+    def act(page: Any) -> object:  # a playwright Page
+        plot = page.locator("div.plot[id$='-peer-bytes']")
+        plot.locator(".updatemenu-header-group").click()
+        plot.locator(".updatemenu-item-text", has_text=purpose).first.click()
+        page.wait_for_timeout(300)
+        return plot.evaluate(
+            "div => { const t = div.data.find(d => d.visible === true);"
+            " return t ? t.text[0][0].split(':')[0] : null; }")
+    return act
 
 
 def test_straggler_report_names_it_with_the_rule(real_report: Callable[[str], Path],

@@ -29,11 +29,13 @@ from recprof.report.figures.heatmap import (
     skew_heatmap_info,
 )
 from recprof.report.figures.histogram import idle_histogram_info, plot_idle_histogram
+from recprof.report.figures.peer_bytes import peer_bytes_info, peer_bytes_note, plot_peer_bytes
 from recprof.report.figures.scatter import (
     MAX_SCATTER_POINTS,
     bandwidth_scatter_info,
     plot_bandwidth_scatter,
     scatter_note,
+    series_name,
 )
 from recprof.report.figures.style import Figure
 from recprof.report.figures.timeline import (
@@ -60,13 +62,17 @@ __all__ = [
     "critical_path_note",
     "heatmap_note",
     "idle_histogram_info",
+    "peer_bytes_info",
+    "peer_bytes_note",
     "plot_bandwidth_scatter",
     "plot_breakdown_bars",
     "plot_critical_path",
     "plot_idle_histogram",
+    "plot_peer_bytes",
     "plot_skew_heatmap",
     "plot_timeline",
     "scatter_note",
+    "series_name",
     "skew_heatmap_info",
     "timeline_info",
     "timeline_note",

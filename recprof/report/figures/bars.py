@@ -70,8 +70,7 @@ def plot_breakdown_bars(info: BarsInfo) -> Figure:
     height = min(max(300, 130 + 26 * len(info.ranks)), MAX_BARS_HEIGHT)
     return {"data": data, "layout": layout(
         barmode="stack", height=height, margin={"l": 60, "r": 20, "t": 110, "b": 40},
-        legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom",
-                "traceorder": "normal"},
+        legend={"traceorder": "normal"},
         xaxis={"rangemode": "tozero", "ticksuffix": " ms"},
         yaxis={"autorange": "reversed", "type": "category"},
     )}

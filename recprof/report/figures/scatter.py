@@ -1,4 +1,6 @@
-"""Achieved bandwidth against message size, one colour per collective kind."""
+"""Achieved bandwidth against message size, one series per collective kind and purpose (what
+it carries), each in its purpose's fixed colour: TorchRec's five all-to-alls per step fall in
+five clusters, and the 48-byte splits exchange no longer drags down the pooled embeddings'."""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ import math
 from dataclasses import dataclass
 
 from recprof.analysis.model import CollectiveSample, JobAnalysis
-from recprof.report.figures.style import Figure, collective_color, layout
+from recprof.report.figures.style import Figure, layout, purpose_color
 from recprof.report.safe import plot_text
+from recprof.trace.vocabulary import PURPOSES
 
 #: Points drawn at most (evenly strided over the samples).
 MAX_SCATTER_POINTS = 3000
@@ -15,7 +18,7 @@ MAX_SCATTER_POINTS = 3000
 
 @dataclass
 class ScatterInfo:
-    by_kind: dict[str, list[CollectiveSample]]  # kind -> the points drawn, kinds sorted
+    series: dict[tuple[str, str], list[CollectiveSample]]  # (kind, purpose) -> points drawn
     shown: int
     sized: int
     stride: int
@@ -28,10 +31,17 @@ def bandwidth_scatter_info(job: JobAnalysis) -> ScatterInfo | None:
         return None
     stride = max(1, math.ceil(len(samples) / MAX_SCATTER_POINTS))
     shown = samples[::stride]
-    by_kind: dict[str, list[CollectiveSample]] = {}
+    series: dict[tuple[str, str], list[CollectiveSample]] = {}
     for s in shown:
-        by_kind.setdefault(s.kind, []).append(s)
-    return ScatterInfo(dict(sorted(by_kind.items())), len(shown), len(samples), stride)
+        series.setdefault((s.kind, s.purpose), []).append(s)
+    order = {p: i for i, p in enumerate(PURPOSES)}
+    ordered = sorted(series.items(), key=lambda kv: (order.get(kv[0][1], -1), kv[0][0]))
+    return ScatterInfo(dict(ordered), len(shown), len(samples), stride)
+
+
+def series_name(kind: str, purpose: str) -> str:
+    """`all_to_all · kjt_values`; the kind alone when the purpose is unknown."""
+    return kind if purpose == "unknown" else f"{kind} · {purpose}"
 
 
 def scatter_note(info: ScatterInfo) -> str:
@@ -43,15 +53,16 @@ def scatter_note(info: ScatterInfo) -> str:
 
 def plot_bandwidth_scatter(info: ScatterInfo) -> Figure:
     data = []
-    for kind, pts in info.by_kind.items():
+    for (kind, purpose), pts in info.series.items():
+        name = plot_text(series_name(kind, purpose))
         data.append({
-            "type": "scatter", "mode": "markers", "name": plot_text(kind),
+            "type": "scatter", "mode": "markers", "name": name,
             "x": [p.bytes for p in pts], "y": [round(p.algbw_gbps, 5) for p in pts],
-            "text": [f"{plot_text(kind)} · group {plot_text(p.process_group)} · rank {p.rank}"
+            "text": [f"{name} · group {plot_text(p.process_group)} · rank {p.rank}"
                      f"<br>{p.bytes / 1024:.1f} KiB in {p.dur_us / 1000:.3f} ms<br>algbw "
                      f"{p.algbw_gbps:.3f} GB/s, busbw {p.busbw_gbps:.3f} GB/s" for p in pts],
             "hovertemplate": "%{text}<extra></extra>",
-            "marker": {"size": 6, "opacity": 0.6, "color": collective_color(kind)},
+            "marker": {"size": 6, "opacity": 0.6, "color": purpose_color(purpose, kind)},
         })
     return {"data": data, "layout": layout(
         height=400,

@@ -35,6 +35,21 @@ COLLECTIVE_COLORS = {
     "unknown": "#79706e",
     "other": "#79706e",
 }
+#: One colour per collective purpose (vocabulary.PURPOSES), the same in every figure; a
+#: collective of unknown purpose takes its kind's colour.
+PURPOSE_COLORS = {
+    "kjt_splits": "#843c39",
+    "kjt_lengths": "#ad494a",
+    "kjt_values": "#d6616b",
+    "key_routing": "#8c6d31",
+    "pooled_embeddings_fwd": "#3182bd",
+    "embedding_rows_fwd": "#6baed6",
+    "embedding_grads_bwd": "#e6550d",
+    "hsp_embedding_grads": "#fd8d3c",
+    "dense_grads": "#756bb1",
+    "prefetch": "#31a354",
+    "dbp_refresh": "#74c476",
+}
 FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, DejaVu Sans, sans-serif",
         "size": 12}
 
@@ -44,18 +59,32 @@ def collective_color(kind: str | None) -> str:
     return COLLECTIVE_COLORS.get(kind or "other", COLLECTIVE_COLORS["unknown"])
 
 
+def purpose_color(purpose: str | None, kind: str | None) -> str:
+    """The fixed colour of what a collective carries; its kind's colour when that is unknown."""
+    return PURPOSE_COLORS.get(purpose or "unknown") or collective_color(kind)
+
+
+#: Height of plotly's mode bar (the toolbar shown on hover, top right): legends start below it.
+MODEBAR_PX = 34
+
+
 def layout(**kw: Any) -> dict[str, Any]:
     """The shared plotly layout, with the figure's own settings on top.
 
     The legend sits above the plot (below it, a wrapped legend collides with the x-axis
-    title), and the top margin leaves room for plotly's mode bar so it never covers the legend.
+    title), placed against the figure's top edge less the mode bar's height, so however many
+    rows it wraps to, plotly's toolbar never covers it (plotly widens the top margin to fit).
     """
+    height = kw.get("height", 450)
     base: dict[str, Any] = {
         "font": FONT, "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
         "plot_bgcolor": "#fff", "paper_bgcolor": "#fff", "hovermode": "closest",
-        "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container",
+                   "y": round(1 - MODEBAR_PX / height, 4), "yanchor": "top"},
     }
+    legend = {**base["legend"], **kw.pop("legend", {})}
     base.update(kw)
+    base["legend"] = legend
     return base
 
 

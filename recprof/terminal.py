@@ -1,0 +1,40 @@
+"""How recprof prints tables in a terminal or a CI log: one style for every command.
+
+Rich's default box and padding need ~30 columns of frame for a 10-column table, and in a
+non-TTY (a CI log, a pipe) rich assumes 80 columns and squeezes the headers to "ra…", "ste…".
+These tables draw no outer frame, put two spaces between columns (one pad, one divider),
+never wrap or cut a header, and fold long names in the one column allowed to (`flexible`),
+so a table that fits 80 columns prints whole at 80; their notes print below as text that wraps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def table(columns: Sequence[str], title: str | None = None,
+          left: Sequence[str] = (), flexible: str | None = None) -> Table:
+    """A compact table: columns right-aligned (numbers) except those in `left`; only the
+    `flexible` column may fold its cells (a long process-group or job name), the others keep
+    their text whole."""
+    out = Table(title=title, title_justify="left",
+                box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for name in columns:
+        out.add_column(
+            name, justify="left" if name in left else "right",
+            no_wrap=name != flexible, overflow="fold" if name == flexible else "ellipsis",
+            min_width=len(name))
+    return out
+
+
+def print_table(console: Console, table: Table, note: str | None = None) -> None:
+    """The table, then its note as ordinary text (a rich caption is cut to the table's width;
+    a line of text wraps at the console's)."""
+    console.print(table)
+    if note:
+        console.print(escape(note), style="dim", highlight=False)
