@@ -49,9 +49,17 @@ def _register_commands() -> None:
 
     app.command(no_args_is_help=True)(report)
 
+    from recprof.compare.command import compare
+
+    app.command(no_args_is_help=True)(compare)
+
     from recprof.nestpipe.command import train
 
     app.command()(train)
+
+    from recprof.view.command import view
+
+    app.command(no_args_is_help=True)(view)
 
     from tuner.command import tune
 

@@ -11,8 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class TuneProgress:
     """A rich progress bar over the study's trial budget, plus a one-line log per trial.
 
-    With `enabled=False` (tests, pipes) the bar is not drawn but the per-trial lines still are,
-    so a non-interactive run keeps a readable record.
+    The bar is drawn only with `enabled` on a terminal: with `--no-progress`, or in a pipe or a
+    CI log, the per-trial lines still are, so a non-interactive run keeps a readable record
+    without bar frames in it.
     """
 
     def __init__(self, console: Console, total: int, done: int, enabled: bool) -> None:
@@ -25,7 +26,7 @@ class TuneProgress:
             TextColumn("{task.fields[best]}"),
             TextColumn("[dim]{task.fields[current]}"),
             console=console,
-            disable=not enabled,
+            disable=not (enabled and console.is_terminal),
             transient=False,
         )
         self._task = self._progress.add_task(

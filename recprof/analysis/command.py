@@ -40,7 +40,8 @@ def analyze(
     err = Console(stderr=True, soft_wrap=True)
     chosen = parse_step_spec(steps)
     with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
+                  TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as bar:
         task = bar.add_task("read", total=None)
 
         def on_progress(done: int, total: int, _path: str) -> None:
@@ -79,6 +80,12 @@ def _pct(part: float, whole: float) -> str:
     return units.percent(part, whole, digits=1)
 
 
+#: The summary tables' headers (tests check a CI log shows each whole at 80 columns).
+BREAKDOWN_COLUMNS = ("rank", "ms/step", "compute", "exp.comm", "hid.comm", "exp.H2D", "other",
+                     "idle", "wait")
+STAGE_COLUMNS = ("stage", "ms/step", "% of step", "exposed ms", "exposed %")
+COLLECTIVE_COLUMNS = ("kind", "carries", "group", "n", "ms", "exp.ms", "bytes")
+
 #: Rows printed at most; everything is in --json and the report.
 MAX_RANK_ROWS = 64
 MAX_COLLECTIVE_ROWS = 12
@@ -116,9 +123,7 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
 
 def _print_breakdown(job: JobAnalysis, console: Console) -> None:
     """Where each rank's step goes, in % of its step."""
-    table = terminal.table(
-        ("rank", "ms/step", "compute", "exp.comm", "hid.comm", "exp.H2D", "other", "idle",
-         "wait"))
+    table = terminal.table(BREAKDOWN_COLUMNS)
     for rank in job.ranks[:MAX_RANK_ROWS]:
         t = rank.per_step
         other_copies = t.exposed_copy_d2h + t.exposed_copy_d2d + t.exposed_other
@@ -142,8 +147,7 @@ def _print_stages(job: JobAnalysis, console: Console) -> None:
     if not job.stages:
         return
     step = job.per_step.step
-    table = terminal.table(
-        ("stage", "ms/step", "% of step", "exposed ms", "exposed %"), left=("stage",))
+    table = terminal.table(STAGE_COLUMNS, left=("stage",))
     for name, stage in job.stages.items():
         table.add_row(name, units.ms_cell(stage.time_us_per_step),
                       _pct(stage.time_us_per_step, step), units.ms_cell(stage.exposed_us_per_step),
@@ -157,9 +161,8 @@ def _print_collectives(job: JobAnalysis, console: Console) -> None:
     """Collectives by kind, group and what they carry, most time first."""
     if not job.collectives:
         return
-    table = terminal.table(
-        ("kind", "carries", "group", "n", "ms", "exp.ms", "bytes"),
-        left=("kind", "carries", "group"), flexible="group")
+    table = terminal.table(COLLECTIVE_COLUMNS, left=("kind", "carries", "group"),
+                           flexible="group")
     rows = sorted(job.collectives, key=lambda c: -c.total_us_per_step)
     for c in rows[:MAX_COLLECTIVE_ROWS]:
         count = c.count_per_step

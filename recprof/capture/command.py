@@ -26,6 +26,9 @@ DEFAULT = Schedule()
 # non-zero status is kept; 2 is a user error, see recprof/cli.py).
 NO_TRACE_EXIT = 3
 
+#: The summary table's headers (tests check a CI log shows each whole at 80 columns).
+SUMMARY_COLUMNS = ("rank", "steps", "trace", "MB", "events", "profiled", "exit")
+
 
 def capture(
     command: Annotated[
@@ -131,8 +134,8 @@ def _run_name(program: str) -> str:
 
 def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> None:
     """One row per rank, then what is missing, then where the manifest is."""
-    table = terminal.table(("rank", "steps", "trace", "MB", "events", "profiled", "exit"),
-                           title="captured", left=("trace", "exit"), flexible="exit")
+    table = terminal.table(SUMMARY_COLUMNS, title="captured", left=("trace", "exit"),
+                           flexible="exit")
     for r in manifest["ranks"]:
         exit_ = r.get("exit") or {"status": "killed"}
         ended = exit_["status"].replace("_", " ")

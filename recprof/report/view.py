@@ -7,7 +7,9 @@ never a second opinion. Nothing here reads a trace: data flows trace -> analysis
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 
 from recprof import units
 from recprof.analysis.frameworks import DISPLAY_NAMES
@@ -16,6 +18,7 @@ from recprof.report import figures
 from recprof.report.sections import (
     Bullets,
     Cell,
+    Code,
     Column,
     FindingList,
     Paragraph,
@@ -346,6 +349,23 @@ def _findings(job: JobAnalysis, anchor: str) -> Section:
                         "in recprof.")
 
 
+def _op_level(job: JobAnalysis, anchor: str) -> Section:
+    """Where the questions this report does not answer are answered: the profiler plugin."""
+    files = [r.file for r in job.ranks if r.file]
+    if len(files) > 1:
+        folder = os.path.commonpath(files)
+    else:
+        folder = os.path.dirname(files[0]) if files else "."
+    return Section(f"{anchor}-op-level", "Op-level questions", [
+        Paragraph("Which operator or kernel is slow, what one step looks like event by event, "
+                  "memory per operator: this report stops at stages and collectives. "
+                  "TensorBoard's PyTorch Profiler plugin answers those on the same traces "
+                  "(Operator, Kernel, Trace, Memory and Distributed views; one worker per "
+                  "rank). How its numbers map to this report's: docs/tb-profiler-mapping.md."),
+        Code(f"recprof view {shlex.quote(folder or '.')}"),
+    ])
+
+
 def job_part(job: JobAnalysis, index: int, titled: bool) -> Part:
     """Every section of one job's part of the report, with the figures they draw; `titled`
     when the report holds several jobs."""
@@ -360,5 +380,6 @@ def job_part(job: JobAnalysis, index: int, titled: bool) -> Part:
         _skew(job, anchor, figs),
         _idle(job, anchor, figs),
         _findings(job, anchor),
+        _op_level(job, anchor),
     ]
     return Part(heading=f"Job {job.id}" if titled else None, sections=sections, figures=figs)

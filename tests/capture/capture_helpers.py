@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ci_output import CI_ENV
 from job_failure import assert_captured, explain_job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +17,8 @@ EXAMPLE = REPO_ROOT / "examples" / "ddp_sharded_embedding.py"
 TINY_JOB = REPO_ROOT / "examples" / "capture_cases" / "tiny_job.py"
 TINY_CONFIG = REPO_ROOT / "examples" / "configs" / "tiny.yaml"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
-JOB_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# As in a CI log: no terminal, 80 columns (tests/ci_output.py).
+JOB_ENV = {**os.environ, "OMP_NUM_THREADS": "1", **CI_ENV}
 
 
 def capture_cmd(

@@ -33,10 +33,11 @@ from capture_helpers import (
     step_log,
     trace_events,
 )
+from ci_output import assert_tables_whole
 
 from recprof.analysis import load_analysis_json
 from recprof.analysis.frameworks import knobs_of
-from recprof.capture.command import NO_TRACE_EXIT
+from recprof.capture.command import NO_TRACE_EXIT, SUMMARY_COLUMNS
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -97,6 +98,8 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
     assert (out / "analysis.json").stat().st_size > 0
     assert man["report"] == "report.html", explain(proc)
     assert f"report: {out / 'report.html'}" in " ".join(proc.stderr.split())
+    # Read as a CI log: piped, 80 columns, the summary table's headers whole.
+    assert_tables_whole(proc.stderr, SUMMARY_COLUMNS)
 
     # What the analysis makes of a hand-written DDP loop: its framework, the stages its
     # annotations name, and honest "unknown" for the forward all-to-alls no label explains.
