@@ -321,7 +321,15 @@ def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDel
         x, y = grown_s.runs[0], grown_s.runs[-1]
         text += (f"; stage {grown_s.stage} grew most, from {ms(x.time_us)} to "
                  f"{ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → {ms(y.exposed_us)})")
-    return text + "."
+    text += "."
+    if len(runs) > 2 and all(s.throughput is not None for s in summaries):
+        best = max(summaries, key=lambda s: s.throughput or 0.0)
+        text += (f" Highest throughput of the {len(runs)} runs: {best.label}, "
+                 f"{best.throughput:,.0f} samples/s ({best.scaling_factor:.2f}x).")
+    elif len(runs) > 2:
+        best = min(summaries, key=lambda s: s.step_us)
+        text += f" Shortest step of the {len(runs)} runs: {best.label}, {ms(best.step_us)}."
+    return text
 
 
 def _mismatch_warnings(runs: list[Run]) -> list[str]:

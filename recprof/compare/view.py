@@ -56,7 +56,9 @@ def _shape(run: RunSummary) -> str:
 
 
 def _knobs(run: RunSummary) -> str:
-    return " ".join(f"{k}={v}" for k, v in run.knobs.items()) or "baseline"
+    """`micro_batches=4 dbp=true`, as the trainer's --set spells them; `baseline` for none."""
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in run.knobs.items()) or "baseline"
 
 
 # --- HTML ----------------------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""A Pinterest-style scaling study of the built-in trainer, produced by `recprof compare`.
+
+1 node, then 2 nodes over an emulated inter-node link (benchmarks/emulated_cluster.py: two
+network namespaces joined by a tbf-shaped veth), then 2 nodes with each knob that the 2-node
+run's findings recommend, one at a time, and with every knob that paid, at once. Weak
+scaling, as Pinterest measured: the same samples per rank per step on 1 and 2 nodes (the
+global batch doubles). Every run is under
+`recprof capture` (each node under its own), and the table is `recprof compare`'s:
+
+    python benchmarks/scaling_study.py [--config examples/configs/comm_bound.yaml]
+        [--rate 300mbit] [--steps 40] [--nproc-per-node 1] [--keep DIR]
+
+It prints the markdown table docs/compare.md shows (run, throughput, scaling factor,
+all-to-all ms, exposed ms) and writes the comparison's HTML and JSON beside the runs.
+`recprof whatif` (predicting the same table from the 2-node run alone) does not exist yet.
+Needs root for the namespaces; the cluster is torn down on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from emulated_cluster import REPO, EmulatedCluster  # benchmarks/ is on sys.path when run
+
+from recprof.compare.loading import load_run
+from recprof.compare.model import compare_runs
+from recprof.nestpipe.config import load_config
+from recprof.nestpipe.knobs import KNOBS, JobShape, problems
+
+#: The value each knob is tried at when a finding names it (a finding names knobs, not
+#: values; these are the first step away from the baseline that `recprof tune` would try).
+STUDY_VALUES: dict[str, Any] = {
+    "micro_batches": 4, "dbp": True, "qcomms": "bf16", "reshape": 2, "clustering": True,
+    "sharding": "table", "fuse_tables": True,
+}
+
+
+def _capture(out: Path, wait: int) -> list[str]:
+    return [sys.executable, "-m", "recprof", "capture", "--no-report", "--wait", str(wait),
+            "--out", str(out), "--"]
+
+
+def _check(results: list[subprocess.CompletedProcess], what: str) -> None:
+    for i, res in enumerate(results):
+        if res.returncode != 0:
+            sys.exit(f"{what}: node {i} exited {res.returncode}\n{res.stderr[-3000:]}")
+
+
+def recommended_knobs(run_dir: Path, nodes: int, shape: JobShape) -> list[tuple[str, Any]]:
+    """The registry knobs the run's findings name, in the findings' order, each at its study
+    value (HSP: one group per node), leaving out values invalid on this job shape."""
+    job = load_run(run_dir).job
+    values = {**STUDY_VALUES, "hsp_groups": nodes}
+    chosen: list[tuple[str, Any]] = []
+    for finding in job.findings:
+        for knob in finding.knobs:
+            if (knob in KNOBS and knob in values and knob not in dict(chosen)
+                    and not problems({knob: values[knob]}, shape)):
+                chosen.append((knob, values[knob]))
+    return chosen
+
+
+def _text(value: Any) -> str:
+    """A knob value as the trainer's --set reads it (`true`, not `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _helped(two_node_runs: list[tuple[str, Path]], knobs: list[tuple[str, Any]],
+            shape: JobShape) -> list[tuple[str, Any]]:
+    """The knobs whose run beat the 2-node baseline's throughput by more than 5%, if they are
+    valid together: Pinterest's last row, every optimisation that paid, at once."""
+    loaded = [load_run(path, label) for label, path in two_node_runs]
+    base, *with_knob = compare_runs(loaded).runs
+    helped = [kv for kv, run in zip(knobs, with_knob, strict=True)
+              if run.throughput and base.throughput and run.throughput > 1.05 * base.throughput]
+    return helped if not problems(dict(helped), shape) else []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound.yaml")
+    parser.add_argument("--rate", default="300mbit", help="tbf rate of the inter-node link")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="keep the run folders here")
+    args = parser.parse_args()
+    reason = EmulatedCluster.available()
+    if reason is not None:
+        sys.exit(f"error: {reason}")
+    cfg = load_config(args.config, [f"steps={args.steps}"])
+    per_node = cfg.batch_size  # the config's batch is one node's: weak scaling keeps it
+    wait = cfg.warmup_steps + 2
+    root = args.keep or Path(tempfile.mkdtemp(prefix="scaling_study_"))
+    nproc = args.nproc_per_node
+    base = ["-m", "recprof.nestpipe", "--config", str(args.config), "--set", f"steps={args.steps}"]
+
+    one = root / "1node"
+    proc = subprocess.run(
+        [*_capture(one, wait), sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc_per_node", str(nproc), *base, "--set", f"batch_size={per_node}",
+         "--out", str(one / "trainer")], capture_output=True, text=True, cwd=REPO)
+    _check([proc], "1 node")
+    print(f"  1 node done ({one})", file=sys.stderr)
+
+    runs: list[tuple[str, Path]] = [("1 node", one)]
+    shape = JobShape(2 * nproc, 2 * per_node, cfg.embedding_dim)
+    with EmulatedCluster(rate=args.rate) as cluster:
+        def two_nodes(label: str, name: str, sets: list[str], port: int) -> Path:
+            run = root / name
+            target = [*base, "--set", f"batch_size={2 * per_node}", *sets,
+                      "--out", str(run / "trainer")]
+            wrappers = [_capture(run / f"node{i}", wait) for i in range(2)]
+            _check(cluster.torchrun(nproc, target, port=port, wrapper=wrappers), label)
+            print(f"  {label} done ({run})", file=sys.stderr)
+            runs.append((label, run))
+            return run
+
+        baseline = two_nodes("2 nodes", "2nodes", [], 29700)
+        knobs = recommended_knobs(baseline, 2, shape)
+        for i, (knob, value) in enumerate(knobs):
+            two_nodes(f"2 nodes + {knob}={_text(value)}", f"2nodes-{knob}",
+                      ["--set", f"{knob}={_text(value)}"], 29701 + i)
+        helped = _helped(runs[1:], knobs, shape)
+        if len(helped) > 1:
+            label = " + ".join(f"{k}={_text(v)}" for k, v in helped)
+            two_nodes(f"2 nodes + {label}", "2nodes-combined",
+                      [x for k, v in helped for x in ("--set", f"{k}={_text(v)}")], 29690)
+
+    out_json, out_html = root / "compare.json", root / "compare.html"
+    cmd = [sys.executable, "-m", "recprof", "compare", *[str(p) for _, p in runs],
+           "--labels", ",".join(label for label, _ in runs), "--json", str(out_json),
+           "-o", str(out_html)]
+    subprocess.run(cmd, cwd=REPO, check=True)
+    doc = json.loads(out_json.read_text())
+    print(f"\nemulated cluster: {nproc} rank(s) per node, inter-node link tbf {args.rate}; "
+          f"{args.config.name}, {per_node} samples per node per step, {args.steps} steps")
+    print("| run | samples/s | scaling factor | all-to-all ms/step | exposed comm ms/step |")
+    print("|---|---:|---:|---:|---:|")
+    for r in doc["runs"]:
+        print(f"| {r['label']} | {r['throughput']:,.0f} | {r['scaling_factor']:.2f}x | "
+              f"{r['all_to_all_us'] / 1e3:.1f} | {r['per_step']['exposed_comm'] / 1e3:.1f} |")
+    print(f"\n{doc['verdict']}\nscaling: {doc['scaling']['explanation']}")
+    print("recprof whatif does not exist yet: no predicted column.")
+    print(f"runs, compare.json and compare.html: {root}")
+
+
+if __name__ == "__main__":
+    main()
