@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
+from typing import Any
 
 from recprof import units
 from recprof.analysis.frameworks import DISPLAY_NAMES
@@ -213,12 +215,9 @@ def _collectives(job: JobAnalysis, anchor: str, figs: dict) -> Section:
         figs[f"{anchor}-scatter"] = figures.plot_bandwidth_scatter(info)
         blocks.append(Plot(f"{anchor}-scatter", heading="Bandwidth versus message size",
                            note=figures.scatter_note(info)))
-    peers = figures.peer_bytes_info(job)
-    if peers is not None:
-        figs[f"{anchor}-peer-bytes"] = figures.plot_peer_bytes(peers)
-        blocks.append(Plot(f"{anchor}-peer-bytes",
-                           heading="All-to-all bytes per peer, by what they carry",
-                           note=figures.peer_bytes_note(peers)))
+    _add_plot(blocks, figs, f"{anchor}-peer-bytes", figures.peer_bytes_info(job),
+              figures.plot_peer_bytes, figures.peer_bytes_note,
+              "All-to-all bytes per peer, by what they carry")
     return Section(f"{anchor}-collectives", title, blocks, note=(
         "One row per kind, process group and what the collective carries (from the labels "
         "around its launch; docs/analysis.md, Collective purposes)."))
@@ -277,20 +276,23 @@ def _wait_table(job: JobAnalysis) -> Table:
               "that ran on this rank."))
 
 
+def _add_plot(blocks: list, figs: dict, plot_id: str, info: Any,
+              draw: Callable[[Any], dict], note: Callable[[Any], str], heading: str) -> None:
+    """Append a figure's block when its data function found something to draw (`info`)."""
+    if info is not None:
+        figs[plot_id] = draw(info)
+        blocks.append(Plot(plot_id, heading=heading, note=note(info)))
+
+
 def _skew(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     blocks: list = [Paragraph(_skew_text(job))]
     if len(job.ranks) >= 2 and job.skew.matched_count:
         blocks.append(_wait_table(job))
-    path = figures.critical_path_info(job)
-    if path is not None:
-        figs[f"{anchor}-critical-path"] = figures.plot_critical_path(path)
-        blocks.append(Plot(f"{anchor}-critical-path", heading="Critical path of one step",
-                           note=figures.critical_path_note(path)))
-    info = figures.skew_heatmap_info(job)
-    if info is not None:
-        figs[f"{anchor}-heatmap"] = figures.plot_skew_heatmap(info)
-        blocks.append(Plot(f"{anchor}-heatmap", heading="Blocking wait per matched collective",
-                           note=figures.heatmap_note(info)))
+    _add_plot(blocks, figs, f"{anchor}-critical-path", figures.critical_path_info(job),
+              figures.plot_critical_path, figures.critical_path_note, "Critical path of one step")
+    _add_plot(blocks, figs, f"{anchor}-heatmap", figures.skew_heatmap_info(job),
+              figures.plot_skew_heatmap, figures.heatmap_note,
+              "Blocking wait per matched collective")
     if job.skew.clock_alignment:
         blocks.append(Paragraph(f"Clocks: {job.skew.clock_alignment}.", css="note"))
     return Section(f"{anchor}-skew", "Cross-rank skew and blocking waits", blocks)
