@@ -38,6 +38,9 @@ from recprof.trace.vocabulary import PURPOSE_MEANING, STAGE_MEANING
 #: Terminal tables show at most this many runs side by side (80 columns); the JSON and the
 #: HTML hold them all.
 MAX_TERMINAL_RUNS = 5
+#: The terminal's runs table (tests check a CI log shows it whole).
+RUN_COLUMNS = ("run", "ranks", "nodes", "step ms", "samples/s", "scaling", "eff", "a2a ms",
+               "exp ms")
 
 
 def _throughput(run: RunSummary) -> str:
@@ -193,8 +196,7 @@ def write_html(c: Comparison, out: Path, cdn: bool = False) -> Path:
 def print_comparison(console: Console, c: Comparison) -> None:
     """Runs, what changed from the first run to the last, findings, the verdict and the gate,
     in tables that fit 80 columns."""
-    runs = table(["run", "ranks", "nodes", "step ms", "samples/s", "scaling", "eff", "a2a ms",
-                  "exp ms"], left=["run"], flexible="run")
+    runs = table(RUN_COLUMNS, left=["run"], flexible="run")
     for r in c.runs:
         runs.add_row(r.label, str(r.world_size), str(r.nodes or "?"), units.ms_cell(r.step_us),
                      _throughput(r), _factor(r.scaling_factor),

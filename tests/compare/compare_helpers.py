@@ -36,7 +36,9 @@ def capture_trainer(out: Path, nproc: int, *overrides: str) -> Path:
 
 
 def run_compare(*args: str) -> subprocess.CompletedProcess[str]:
-    """`recprof compare ARGS` as a user runs it: no TTY, so rich lays tables out at 80
-    columns."""
+    """`recprof compare ARGS` as a CI job runs it: piped, no TTY, 80 columns."""
+    from ci_output import CI_ENV
+
     return subprocess.run([sys.executable, "-m", "recprof", "compare", *args],
-                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                          env={**os.environ, **CI_ENV})

@@ -10,12 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from ci_output import assert_tables_whole
 from compare_helpers import run_compare
 
 from recprof.analysis.run_context import timed_steps
 from recprof.capture import layout
 from recprof.compare.loading import load_run
 from recprof.compare.model import LOGS_SOURCE, compare_runs
+from recprof.compare.view import RUN_COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +63,8 @@ def test_run_against_itself_has_zero_deltas_and_passes_the_gate(
     assert gate["failed"] is False and gate["p_value"] >= 0.05
     assert gate["source"] == LOGS_SOURCE and gate["n_first"] == gate["n_last"] >= 15
     assert "pass:" in stdout and "Mann-Whitney" in stdout and "p = " in stdout
-    assert all(len(line) <= 80 for line in stdout.splitlines()), stdout
+    assert_tables_whole(stdout, RUN_COLUMNS)
+    assert max(map(len, stdout.splitlines())) <= 80 and "\x1b[" not in stdout
 
 
 def test_one_rank_against_two_ranks(trainer_run: Callable[[str], Path], tmp_path: Path) -> None:
