@@ -362,8 +362,9 @@ def _op_level(job: JobAnalysis, anchor: str) -> Section:
         Paragraph("Which operator or kernel is slow, what one step looks like event by event, "
                   "memory per operator: this report stops at stages and collectives. "
                   "TensorBoard's PyTorch Profiler plugin answers those on the same traces "
-                  "(Operator, Kernel, Trace, Memory and Distributed views; one worker per "
-                  "rank). How its numbers map to this report's: docs/tb-profiler-mapping.md."),
+                  "(Operator, Kernel on GPU runs, Trace and Distributed views, Memory when the "
+                  "profiler recorded memory; one worker per rank). How its numbers map to this "
+                  "report's: docs/tb-profiler-mapping.md."),
         Code(f"recprof view {shlex.quote(folder or '.')}"),
     ])
 
