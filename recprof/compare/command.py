@@ -52,9 +52,9 @@ def compare(
              "by more than PCT (like 5%) with statistical confidence (one-sided Mann-Whitney "
              "U over the per-step times, p < 0.05).")] = None,
     samples_per_step: Annotated[float | None, typer.Option(
-        "--samples-per-step", min=0.0,
-        help="Global samples per step of every run, for throughput and scaling, where no "
-             "trainer summary says it.")] = None,
+        "--samples-per-step", min=1.0,
+        help="Global samples per step of every run, for throughput and scaling (instead of "
+             "what the built-in trainer's summary says; needed for other jobs).")] = None,
     cdn: Annotated[bool, typer.Option(
         "--cdn", help="HTML loads plotly.js from its CDN instead of inlining it.")] = False,
 ) -> None:
