@@ -22,6 +22,8 @@ from recprof.trace.vocabulary import COLLECTIVE_KINDS, PURPOSES, bus_factor
 
 DEFAULT_GROUP = "default"
 MAX_SAMPLES_PER_JOB = 4000
+#: Shortest instance whose bandwidth is computed (1 ns: the profiler's resolution).
+MIN_TIMED_US = 1e-3
 
 
 # (step or -1, process group, kind, n-th of that kind and group in the step): the identity of
@@ -112,7 +114,9 @@ def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Wind
 
 
 def _gbps(nbytes: float, dur_us: float) -> float:
-    return nbytes / (dur_us * 1e-6) / 1e9 if dur_us > 0 else 0.0
+    """GB/s, or 0 for a duration too short to time: a subnormal `dur_us` is > 0 yet
+    `dur_us * 1e-6` underflows to 0, and a picosecond transfer's rate means nothing."""
+    return nbytes / (dur_us * 1e-6) / 1e9 if dur_us >= MIN_TIMED_US else 0.0
 
 
 def job_collectives(

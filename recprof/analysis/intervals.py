@@ -76,7 +76,7 @@ class IntervalSet:
 
     def complement_within(self, start: float, end: float) -> IntervalSet:
         """The gaps of this set inside [start, end)."""
-        clipped = self.intersect(IntervalSet.span(start, end))
+        clipped = self.clip(start, end)
         gap_starts = np.concatenate([[start], clipped.ends])
         gap_ends = np.concatenate([clipped.starts, [end]])
         keep = gap_ends > gap_starts
@@ -89,7 +89,18 @@ class IntervalSet:
         return self.intersect(other.complement_within(lo, hi))
 
     def clip(self, start: float, end: float) -> IntervalSet:
-        return self.intersect(IntervalSet.span(start, end))
+        """The part inside [start, end). Found by bisection, not by intersecting with a span:
+        a rank with many steps clips its unions once per step, and a scan each time made
+        200,000 steps quadratic."""
+        lo = int(np.searchsorted(self.ends, start, side="right"))
+        hi = int(np.searchsorted(self.starts, end, side="left"))
+        if hi <= lo:
+            return IntervalSet.empty()
+        starts, ends = self.starts[lo:hi].copy(), self.ends[lo:hi].copy()
+        starts[0] = max(starts[0], start)
+        ends[-1] = min(ends[-1], end)
+        keep = ends > starts
+        return IntervalSet(starts[keep], ends[keep])
 
     def covered_before(self, t: np.ndarray) -> np.ndarray:
         """For each time in `t`, how much of this set lies before it (vectorised)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from recprof.trace import sanitize
 from recprof.trace.model import (
     Activities,
     ActivityClass,
@@ -41,10 +42,12 @@ from recprof.trace.vocabulary import (
 )
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP_DIGITS = len(str(sanitize.MAX_COUNT))
 _KERNEL_CATS = {"kernel"}
 _COPY_CATS = {"gpu_memcpy", "memcpy"}
 _MEMSET_CATS = {"gpu_memset", "memset"}
 _MTIA_DEVICE_CATS = {"mtia_ccp_events"}
+_DEVICE_CATS = _KERNEL_CATS | _COPY_CATS | _MEMSET_CATS | _MTIA_DEVICE_CATS
 _RUNTIME_CATS = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
 _HOST_OP_CATS = {"cpu_op", "operator", "user_annotation"}
 _ATEN_OP_CATS = {"cpu_op", "operator"}
@@ -54,6 +57,8 @@ _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
 
 # start, end, name, pid, tid, args, category
 _HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
+# A device event with its fields checked (sanitize): start, end, category, name, pid, tid, args
+_DeviceEvent = tuple[float, float, str, str, Any, Any, dict[str, Any]]
 # start, end, class, lane, name, launch, collective kind, group, bytes, bytes sent per peer,
 # launched from the main thread
 _Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool]
@@ -89,7 +94,7 @@ class _Interner:
 
 
 def _copy_class(name: str, args: dict[str, Any]) -> ActivityClass:
-    text = name + " " + str(args.get("direction", ""))
+    text = name + " " + args.get("direction", "")
     if "HtoD" in text or "HOST_TO_DEVICE" in text:
         return ActivityClass.COPY_H2D
     if "DtoH" in text or "DEVICE_TO_HOST" in text:
@@ -99,29 +104,55 @@ def _copy_class(name: str, args: dict[str, Any]) -> ActivityClass:
     return ActivityClass.OTHER
 
 
-def _header(raw: RawTrace, origin_us: float, first_ts: float,
-            device_kind: DeviceKind) -> TraceHeader:
+def _header(raw: RawTrace, origin_us: float, first_ts: float, device_kind: DeviceKind,
+            warnings: list[str]) -> TraceHeader:
+    """Who wrote the file, from its metadata; values that cannot be believed (sanitize) are
+    left unknown with a warning, so a damaged `distributedInfo` cannot size anything."""
     meta = raw.meta
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    groups: dict[str, list[int]] = {}
-    for pg in dist.get("pg_config") or []:
-        if isinstance(pg, dict) and isinstance(pg.get("ranks"), list):
-            groups[str(pg.get("pg_name"))] = [r for r in pg["ranks"] if isinstance(r, int)]
-    props = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else []
-    names = sorted({str(p.get("name", "")) for p in props if isinstance(p, dict)} - {""})
     rank, world = dist.get("rank"), dist.get("world_size")
+    world_size = sanitize.world_size(world)
+    if world is not None and world_size is None:
+        warnings.append(f"{raw.path}: distributedInfo.world_size {_shown(world)} is not a "
+                        f"world size (1 to {sanitize.MAX_WORLD_SIZE}); treated as unknown")
+    rank_ok = sanitize.rank(rank, world_size)
+    if rank is not None and rank_ok is None:
+        warnings.append(f"{raw.path}: distributedInfo.rank {_shown(rank)} is not a rank of "
+                        f"world size {world_size or '?'}; treated as unknown")
+    groups: dict[str, list[int]] = {}
+    pg_config = dist.get("pg_config")
+    for pg in pg_config if isinstance(pg_config, list) else []:
+        if isinstance(pg, dict) and isinstance(pg.get("ranks"), list):
+            name = sanitize.text(pg.get("pg_name"))
+            members = [r for r in pg["ranks"] if sanitize.rank(r, None) is not None]
+            if name is not None and members:
+                groups[name] = members[:sanitize.MAX_WORLD_SIZE]
+    props = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else []
+    names = sorted({sanitize.text(p.get("name")) or "" for p in props if isinstance(p, dict)}
+                   - {""})
+    backend, host = dist.get("backend"), meta.get("host_name")
     return TraceHeader(
         path=str(raw.path),
-        rank=rank if isinstance(rank, int) else None,
-        world_size=world if isinstance(world, int) else None,
-        backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+        rank=rank_ok,
+        world_size=world_size,
+        backend=sanitize.bounded_text(backend) if isinstance(backend, str) else None,
         start_us=origin_us + first_ts,
         origin_us=origin_us,
         device_kind=device_kind,
         device_names=names,
-        host=meta.get("host_name") if isinstance(meta.get("host_name"), str) else None,
+        host=sanitize.bounded_text(host) if isinstance(host, str) else None,
         process_groups=groups,
     )
+
+
+def _shown(value: Any) -> str:
+    """A metadata value for a warning, bounded (it may be hostile): numbers as they are,
+    text quoted and cut, anything else by its type."""
+    if isinstance(value, float) or (isinstance(value, int) and abs(value) < 2**64):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value[:40])
+    return f"(a {type(value).__name__})"
 
 
 def _device_kind(raw: RawTrace, has_gpu: bool, has_mtia: bool) -> DeviceKind:
@@ -132,14 +163,19 @@ def _device_kind(raw: RawTrace, has_gpu: bool, has_mtia: bool) -> DeviceKind:
     meta = raw.meta
     props = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else []
     amd = "hip_runtime_version" in meta or "roctracer_version" in meta or any(
-        isinstance(p, dict) and _AMD_NAME.search(str(p.get("name", ""))) for p in props
+        isinstance(p, dict) and _AMD_NAME.search(sanitize.text(p.get("name")) or "")
+        for p in props
     )
     return DeviceKind.ROCM if amd else DeviceKind.CUDA
 
 
-def _base_us(meta: dict[str, Any]) -> float:
-    base = meta.get("baseTimeNanoseconds")
-    return float(base) / 1000.0 if isinstance(base, (int, float)) else 0.0
+def _base_us(raw: RawTrace, warnings: list[str]) -> float:
+    base = raw.meta.get("baseTimeNanoseconds")
+    origin = sanitize.base_us(base)
+    if base is not None and origin is None:
+        warnings.append(f"{raw.path}: baseTimeNanoseconds {_shown(base)} is not an int64 "
+                        "timestamp; times are read as they are")
+    return origin or 0.0
 
 
 def _marker_at(markers: list[_Marker], starts: np.ndarray, t: float) -> _Marker | None:
@@ -155,16 +191,27 @@ def _marker_at(markers: list[_Marker], starts: np.ndarray, t: float) -> _Marker 
     return None
 
 
+#: Why an event was skipped (the counts become one warning each), in the order they are told.
+_SKIP_REASONS = {
+    "missing_time": "without 'ts'/'dur'",
+    "negative": "with negative 'dur'",
+    "out_of_range": (f"whose 'ts'/'dur' is not finite or beyond {sanitize.MAX_ABS_TIME_US:.0e}/"
+                     f"{sanitize.MAX_DURATION_US:.0e} us"),
+    "unreadable": "whose name, category, pid or tid is not text or a number",
+    "step_number": f"named ProfilerStep#N with N beyond {sanitize.MAX_COUNT}",
+}
+
+
 def build_rank_trace(raw: RawTrace) -> RankTrace:
     """Turn one parsed file into a `RankTrace`; raise `TraceFileError` if nothing is usable."""
     # Times stay relative to the file's own origin (`baseTimeNanoseconds`): added to it they
     # would be ~1.8e15 us, where float64 resolves only 0.25 us and sub-us kernels blur.
-    origin = _base_us(raw.meta)
     warnings: list[str] = []
-    missing_time = negative = 0
+    origin = _base_us(raw, warnings)
+    skipped: Counter[str] = Counter()
     steps: list[Step] = []
     step_tids: Counter[tuple[Any, Any]] = Counter()
-    device_events: list[dict[str, Any]] = []
+    device_events: list[_DeviceEvent] = []
     launches: dict[int, tuple[float, Any, Any]] = {}
     host_ops: list[_HostOp] = []
     gloo_ops: list[_HostOp] = []
@@ -174,54 +221,74 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
     for ev in raw.events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
-        ts, dur = ev.get("ts"), ev.get("dur")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-            missing_time += 1
+        raw_ts, raw_dur = ev.get("ts"), ev.get("dur")
+        ts = sanitize.time_us(raw_ts, sanitize.MAX_ABS_TIME_US)
+        dur = sanitize.time_us(raw_dur, sanitize.MAX_DURATION_US)
+        if ts is None or dur is None:
+            timed = (isinstance(raw_ts, (int, float)) and isinstance(raw_dur, (int, float))
+                     and not isinstance(raw_ts, bool) and not isinstance(raw_dur, bool))
+            skipped["out_of_range" if timed else "missing_time"] += 1
             continue
         if dur < 0:
-            negative += 1
+            skipped["negative"] += 1
             continue
-        ts = float(ts)
+        cat, name = sanitize.text(ev.get("cat") or None), sanitize.text(ev.get("name") or None)
+        pid, tid = sanitize.identity(ev.get("pid")), sanitize.identity(ev.get("tid"))
+        if cat is None or name is None or pid is False or tid is False:
+            skipped["unreadable"] += 1
+            continue
         first_ts = min(first_ts, ts)
-        cat = str(ev.get("cat") or "").lower()
-        name = str(ev.get("name") or "")
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        if cat in _KERNEL_CATS or cat in _COPY_CATS or cat in _MEMSET_CATS:
-            has_gpu = True
-            device_events.append(ev)
-        elif cat in _MTIA_DEVICE_CATS:
-            has_mtia = True
-            device_events.append(ev)
+        cat = cat.lower()
+        end = ts + dur
+        if cat in _DEVICE_CATS:
+            has_gpu = has_gpu or cat not in _MTIA_DEVICE_CATS
+            has_mtia = has_mtia or cat in _MTIA_DEVICE_CATS
+            device_events.append((ts, end, cat, name, pid, tid,
+                                  sanitize.event_args(ev.get("args"))))
         elif cat in _RUNTIME_CATS:
-            corr = args.get("correlation")
-            if isinstance(corr, int):
-                launches[corr] = (ts, ev.get("pid"), ev.get("tid"))
+            args = ev.get("args")
+            corr = sanitize.count(args.get("correlation")) if isinstance(args, dict) else None
+            if corr is not None:
+                launches[corr] = (ts, pid, tid)
         elif cat in _HOST_OP_CATS:
             match = _STEP.match(name)
             if match:
-                steps.append(Step(int(match.group(1)), name, ts, ts + float(dur)))
-                step_tids[(ev.get("pid"), ev.get("tid"))] += 1
+                digits = match.group(1)
+                number = sanitize.count(int(digits)) if len(digits) <= _STEP_DIGITS else None
+                if number is None:
+                    skipped["step_number"] += 1
+                    continue
+                steps.append(Step(number, name, ts, end))
+                step_tids[(pid, tid)] += 1
             elif name.startswith("gloo:"):
-                gloo_ops.append((ts, ts + float(dur), name, ev.get("pid"), ev.get("tid"), args,
-                                 cat))
+                gloo_ops.append((ts, end, name, pid, tid, sanitize.event_args(ev.get("args")), cat))
             else:
-                host_ops.append((ts, ts + float(dur), name, ev.get("pid"), ev.get("tid"), args,
-                                 cat))
+                host_ops.append((ts, end, name, pid, tid, sanitize.event_args(ev.get("args")), cat))
 
     if first_ts == float("inf"):
         problem = "no timed events"
-        if missing_time:
-            problem += f" ({missing_time} complete events lack 'ts' or 'dur')"
-        if negative:
-            problem += f" ({negative} have negative durations)"
+        if skipped["missing_time"]:
+            problem += f" ({skipped['missing_time']} complete events lack 'ts' or 'dur')"
+        if skipped["negative"]:
+            problem += f" ({skipped['negative']} have negative durations)"
+        if skipped["out_of_range"]:
+            problem += (f" ({skipped['out_of_range']} have 'ts'/'dur' out of range or not "
+                        "finite)")
+        if skipped["unreadable"]:
+            problem += f" ({skipped['unreadable']} have a name, category, pid or tid that is " \
+                       "not text or a number)"
         raise TraceFileError(raw.path, problem)
-    if missing_time:
-        warnings.append(f"{raw.path}: skipped {missing_time} events without 'ts'/'dur'")
-    if negative:
-        warnings.append(f"{raw.path}: skipped {negative} events with negative 'dur'")
+    for reason, what in _SKIP_REASONS.items():
+        if skipped[reason]:
+            warnings.append(f"{raw.path}: skipped {skipped[reason]} events {what}")
+    steps.sort(key=lambda s: s.start_us)
+    if len(steps) > sanitize.MAX_STEPS:
+        warnings.append(f"{raw.path}: {len(steps)} ProfilerStep annotations; only the first "
+                        f"{sanitize.MAX_STEPS} are analysed")
+        del steps[sanitize.MAX_STEPS:]
 
     device_kind = _device_kind(raw, has_gpu, has_mtia)
-    header = _header(raw, origin, first_ts, device_kind)
+    header = _header(raw, origin, first_ts, device_kind, warnings)
     names, lanes = _Interner(), _Interner()
 
     main_tid = step_tids.most_common(1)[0][0] if step_tids else None
@@ -274,7 +341,6 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
             name=np.asarray([names(op[2]) for op in chosen], dtype=np.int32),
         )
 
-    steps.sort(key=lambda s: s.start_us)
     return RankTrace(
         header=header,
         lanes=lanes.values,
@@ -320,7 +386,7 @@ def _framework_marks(host_ops: list[_HostOp]) -> dict[str, int]:
 
 
 def _device_row(
-    ev: dict[str, Any],
+    ev: _DeviceEvent,
     launches: dict[int, tuple[float, Any, Any]],
     markers: dict[tuple[Any, Any], list[_Marker]],
     marker_starts: dict[tuple[Any, Any], np.ndarray],
@@ -328,15 +394,11 @@ def _device_row(
     lanes: _Interner,
     main_tid: tuple[Any, Any] | None,
 ) -> _Row:
-    cat = str(ev.get("cat") or "").lower()
-    name = str(ev.get("name") or "")
-    args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-    start = float(ev["ts"])
-    end = start + float(ev["dur"])
-    stream = args.get("stream", ev.get("tid"))
-    lane = lanes(f"device {ev.get('pid')} stream {stream}")
+    start, end, cat, name, pid, tid, args = ev
+    stream = args.get("stream", tid)
+    lane = lanes(f"device {pid} stream {stream}")
     corr = args.get("correlation")
-    launch = launches.get(corr) if isinstance(corr, int) else None
+    launch = launches.get(corr) if corr is not None else None
     launch_ts = launch[0] if launch else float("nan")
     kind_idx, group_idx, nbytes, sends = -1, -1, float("nan"), None
     if cat in _KERNEL_CATS:

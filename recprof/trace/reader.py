@@ -9,6 +9,8 @@ on a 3.9 MB Megatron rank file here) and writes the analysis document with integ
 from __future__ import annotations
 
 import gzip
+import io
+import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,10 @@ import orjson
 from recprof.errors import RecprofError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+#: The most a `.gz` trace may decompress to: a gzip bomb (a few MB of zeros that inflate to
+#: tens of GB) is refused here rather than exhausting memory. The largest real trace seen is
+#: 61 MB (field notes).
+MAX_DECOMPRESSED_BYTES = 4 << 30
 
 
 class TraceFileError(RecprofError):
@@ -43,16 +49,24 @@ def is_trace_file(path: Path) -> bool:
     return path.name.endswith(TRACE_SUFFIXES)
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The file's bytes, decompressed for `.gz`. Only regular files are opened: reading a
+    FIFO or a device named `x.json` would block or never end."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise TraceFileError(path, "not a regular file")
         data = path.read_bytes()
     except OSError as exc:
         raise TraceFileError(path, f"cannot read ({exc.strerror or exc})") from None
     if path.name.endswith(".gz"):
         try:
-            data = gzip.decompress(data)
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as fh:
+                data = fh.read(max_bytes + 1)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFileError(path, f"not a valid gzip file ({exc})") from None
+        if len(data) > max_bytes:
+            raise TraceFileError(path, f"decompresses to more than {max_bytes >> 20} MB; "
+                                       "refused as a likely gzip bomb")
     return data
 
 

@@ -1,0 +1,46 @@
+"""Robustness as a property the suite keeps: seeded, structure-aware mutations of the real
+traces (benchmarks/fuzz_traces.py) run through the CLI's entry points, each ending analysed
+with sane numbers or in one error line naming the file; never a traceback, a hang or garbage.
+
+A few hundred cases here (under two minutes on two cores); the nightly run is
+`python benchmarks/fuzz_traces.py --cases 20000`. `RECPROF_FUZZ_SEED` and
+`RECPROF_FUZZ_CASES` change the draw; a failure prints the seed, the case and its mutation,
+which `python benchmarks/fuzz_traces.py --seed S --only I` replays.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from fuzz_traces import Corpus, run_case
+
+SEED = int(os.environ.get("RECPROF_FUZZ_SEED", "2026"))
+CASES = int(os.environ.get("RECPROF_FUZZ_CASES", "300"))
+#: Seconds one case may take before it counts as a hang; the slowest healthy case (20,000
+#: overlapping steps on a CUDA trace) takes about 4 s on a loaded 2-core machine.
+CASE_LIMIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_traces: Path) -> Corpus:
+    return Corpus.load(shared_traces)
+
+
+def test_mutated_real_traces_end_analysed_or_in_one_named_error(corpus: Corpus) -> None:
+    counts: Counter[str] = Counter()
+    failures: list[str] = []
+    for index in range(CASES):
+        outcome, mutation = run_case(corpus, SEED, index, CASE_LIMIT_S)
+        counts[outcome.kind] += 1
+        if outcome.kind == "failure":
+            failures.append(f"seed {SEED} case {index}: {mutation}\n    -> {outcome.place}: "
+                            f"{outcome.detail}")
+    assert not failures, f"{len(failures)} of {CASES} cases failed:\n" + "\n".join(failures)
+    # The draw must exercise both sides: damage that is survived and damage that is refused.
+    assert counts["ok"] > CASES // 3 and counts["error"] > CASES // 10, dict(counts)
