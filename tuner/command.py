@@ -57,6 +57,14 @@ def tune(
     capture: Annotated[
         str, typer.Option(help="Capture traces per trial: auto (when installed), on, off.")
     ] = "auto",
+    heartbeat: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Seconds between a running trial's heartbeats in a database storage; a trial "
+            "silent for 3 of them is failed and queued again (its worker died).",
+        ),
+    ] = 30,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
 ) -> None:
@@ -89,6 +97,7 @@ def tune(
         capture=capture,
         seed=seed,
         progress=progress,
+        heartbeat_s=heartbeat,
     )
     result = run_tuning(settings, console)
     if result.recommendation is not None:

@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from recprof.analysis.model import Finding, JobAnalysis, StepMetrics
 from recprof.nestpipe.knobs import Knobs
+from tuner.storage import MAX_RETRY
 
 
 class Role(StrEnum):
@@ -256,8 +257,25 @@ class TrialRecord:
 
     @classmethod
     def load(cls, trial: Trial | FrozenTrial) -> TrialRecord:
-        """The record stored on `trial`."""
-        return cls.decode(trial.user_attrs)
+        """The record stored on `trial`.
+
+        A failed trial without a status was failed by the heartbeat check, not by its worker
+        (every path in the tuner that fails a trial stores why first, and a finished trial's
+        attrs can no longer be written): its worker went silent. It reads as abandoned, its
+        config queued again by Optuna, until the config has been retried `MAX_RETRY` times;
+        then it stands as a crash.
+        """
+        rec = cls.decode(trial.user_attrs)
+        if isinstance(trial, FrozenTrial) and trial.state == TrialState.FAIL and not rec.status:
+            silent = f"worker {rec.worker} stopped sending heartbeats"
+            # What RetryHeartbeatStaleTrialCallback.retry_history reads (that one warns).
+            retries = len(trial.system_attrs.get("retry_history", []))
+            if retries < MAX_RETRY:
+                rec.status, rec.reason = Status.ABANDONED, f"{silent}; queued to run again"
+            else:
+                rec.status = Status.CRASH
+                rec.reason = f"{silent}; its config lost a worker {retries + 1} times: not retried"
+        return rec
 
     def _changes(self, stored: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in self.encode().items() if stored.get(k) != v}

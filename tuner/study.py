@@ -52,7 +52,7 @@ from tuner.record import (
 from tuner.report import write_tuning_report
 from tuner.runner import TrialOutcome, TrialRunner, capture_available, capture_window
 from tuner.space import SearchSpace, load_space
-from tuner.storage import resolve_storage
+from tuner.storage import HEARTBEAT_S, resolve_storage
 from tuner.trainer import Launch, job_shape, load_base_config, trial_config, write_config
 from tuner.workers import Workers
 
@@ -81,6 +81,7 @@ class TuneSettings:
     seed: int | None = None
     progress: bool = True
     report: bool = True
+    heartbeat_s: int = HEARTBEAT_S
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Tuner:
         self.shape: JobShape = job_shape(self.base, self.launch.world_size)
         self.space: SearchSpace = load_space(settings.space, self.shape)
         self.baseline_knobs = self.space.baseline(self.base)
-        self.storage = resolve_storage(settings.storage, self.out)
+        self.storage = resolve_storage(settings.storage, self.out, settings.heartbeat_s)
         self.study_name = settings.study or default_study_name(settings.config, self.launch)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(
@@ -166,6 +167,7 @@ class Tuner:
         window = capture_window(self.base.get("steps"), self.base.get("warmup_steps"))
         self.runner = TrialRunner(self.capture, settings.trial_timeout, window)
         self._rng = random.Random(settings.seed)
+        self._warned_sqlite = False
 
     # -- study bookkeeping -------------------------------------------------------------------
 
@@ -183,6 +185,22 @@ class Tuner:
 
     def _trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
+
+    def _warn_shared_sqlite(self, others: int) -> None:
+        """Say once that several workers write one SQLite file: it works one writer at a time
+        (the others wait up to the lock timeout, then fail), which a study of several workers
+        should not depend on."""
+        path = self.storage.sqlite_file
+        if path is None or others == 0 or self._warned_sqlite:
+            return
+        self._warned_sqlite = True
+        self.console.print(
+            f"[yellow]warning:[/] several workers share the SQLite file {escape(path)}: SQLite "
+            "locks the whole file for each write, so workers wait on each other and can fail "
+            "with 'database is locked'; for several workers use --storage journal:PATH or a "
+            "PostgreSQL URL (docs/tuner.md)",
+            highlight=False,
+        )
 
     def runs_done(self) -> int:
         """Real runs finished in this study, all workers together (what --trials counts)."""
@@ -321,8 +339,10 @@ class Tuner:
         self._ensure_baseline()
         repeats = 0
         while True:
+            self.workers.fail_stale()
             done = self.runs_done()
             others = self.workers.running_elsewhere()
+            self._warn_shared_sqlite(others)
             if done + others >= self.s.trials:
                 return f"trial budget reached ({done} runs, {others} running elsewhere)", False
             baseline = baseline_of(self.study)
@@ -332,39 +352,51 @@ class Tuner:
             if repeats >= _MAX_REPEATS:
                 self.study.enqueue_trial(self._rng.choice(self._unseen(fixed)))
                 repeats = 0
-            trial = self.study.ask()
+            trial = self.workers.ask()
             try:
-                self.workers.claim(trial)
-                if not is_baseline(trial) and baseline is None:
-                    baseline = self.workers.wait_for_baseline(self._ensure_baseline)
-                    fixed = self._after_baseline(baseline)
-                knobs = self._suggest(trial, fixed)
-                key = knobs_key(knobs)
-                TrialRecord(knobs=knobs, key=key).save(trial)
-                label = escape(knobs_label(knobs))
-                why_not = invalid_reason(knobs, self.shape)
-                if why_not is not None:
-                    TrialRecord(status=Status.INVALID, reason=why_not).save(trial)
-                    self.study.tell(trial, state=TrialState.PRUNED)
-                    repeats += 1
-                    continue
-                prior = self._answer_from_study(trial, key)
-                if prior is not None:
-                    repeats += 1
-                    progress.finished(
-                        self.runs_done(),
-                        f"trial {trial.number:>3} [dim]{label}[/] = trial {prior.number} (no run)",
-                        self._best_line(),
-                    )
-                    continue
-                repeats = 0
-                progress.running(label)
-                outcome = self._run_trial(trial, knobs, baseline)
+                with self.workers.beating(trial):
+                    self.workers.claim(trial)
+                    if not is_baseline(trial) and baseline is None:
+                        baseline = self.workers.wait_for_baseline(self._ensure_baseline)
+                        fixed = self._after_baseline(baseline)
+                    knobs = self._suggest(trial, fixed)
+                    key = knobs_key(knobs)
+                    TrialRecord(knobs=knobs, key=key).save(trial)
+                    label = escape(knobs_label(knobs))
+                    why_not = invalid_reason(knobs, self.shape)
+                    if why_not is not None:
+                        TrialRecord(status=Status.INVALID, reason=why_not).save(trial)
+                        self.study.tell(trial, state=TrialState.PRUNED)
+                        repeats += 1
+                        continue
+                    prior = self._answer_from_study(trial, key)
+                    if prior is not None:
+                        repeats += 1
+                        progress.finished(
+                            self.runs_done(),
+                            f"trial {trial.number:>3} [dim]{label}[/] = trial {prior.number}"
+                            " (no run)",
+                            self._best_line(),
+                        )
+                        continue
+                    repeats = 0
+                    progress.running(label)
+                    outcome = self._run_trial(trial, knobs, baseline)
             except KeyboardInterrupt:
                 self.workers.requeue(
                     trial, Status.INTERRUPTED, "interrupted (Ctrl-C); queued to run again"
                 )
                 return "interrupted; run the same command again to continue", True
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Another worker found this trial without a heartbeat for its grace period (this
+                # host stalled or lost the database that long), failed it and queued it again.
+                progress.finished(
+                    self.runs_done(),
+                    f"trial {trial.number:>3} [red]failed by another worker's heartbeat check[/]"
+                    "; queued to run again",
+                    self._best_line(),
+                )
+                continue
             progress.finished(
                 self.runs_done(), _trial_line(trial.number, label, outcome), self._best_line()
             )

@@ -4,18 +4,26 @@ Workers share nothing but the study's storage: each trial records the worker tha
 (`host:pid`), so a worker can tell a trial another worker is running from one a dead worker left
 RUNNING. Waiting is always for an *earlier* trial (the baseline, or an identical config asked
 before this one), so two workers never wait on each other.
+
+A worker that dies is found two ways. On a database storage its trials stop beating
+(`tuner.storage`): every worker fails stale trials before it asks for one and while it waits,
+and Optuna queues each again. Without heartbeats (a journal file), the next worker started on
+the dead worker's host finds its pid gone (`recover_abandoned`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import optuna
-from optuna.storages import BaseStorage
+from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from recprof.errors import RecprofError
@@ -52,6 +60,58 @@ class Workers:
 
     def _trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
+
+    @property
+    def heartbeat_s(self) -> int | None:
+        """Seconds between this storage's heartbeats; None when it keeps none."""
+        if not isinstance(self.storage, RDBStorage):
+            return None
+        return self.storage.get_heartbeat_interval()
+
+    def ask(self) -> Trial:
+        """The next trial (a queued one first: the retry of a stale trial is one).
+
+        Optuna warns that heartbeats are meant for `study.optimize`; the loop here is
+        ask/tell, so it keeps the heartbeat itself (`beating`)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+            return self.study.ask()
+
+    def fail_stale(self) -> None:
+        """Fail running trials that missed their heartbeats; Optuna's stale-trial callback
+        (`tuner.storage`) queues each again. A no-op without heartbeats."""
+        if self.heartbeat_s is None:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+
+    @contextlib.contextmanager
+    def beating(self, trial: Trial) -> Iterator[None]:
+        """Record `trial`'s heartbeat from a thread while the block runs (the trainer run
+        blocks the main thread), so other workers can tell this one is alive."""
+        interval = self.heartbeat_s
+        if interval is None:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                # A failed write is retried at the next beat; the trial's grace period spans
+                # several beats, and the main thread reports a storage that stays down.
+                with contextlib.suppress(optuna.exceptions.StorageInternalError):
+                    self.storage.record_heartbeat(trial._trial_id)
+                if stop.wait(interval):
+                    return
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def claim(self, trial: Trial) -> None:
         """Mark `trial` as this worker's."""
@@ -93,6 +153,7 @@ class Workers:
         """
         deadline = time.monotonic() + 2 * self.trial_timeout + 60
         while True:
+            self.fail_stale()
             trials = self._trials()
             done = baseline_of(trials)
             if done is not None:
@@ -116,6 +177,7 @@ class Workers:
         """
         deadline = time.monotonic() + self.trial_timeout + 120
         while True:
+            self.fail_stale()
             same = [
                 t for t in self._trials()
                 if t.number != trial.number and TrialRecord.load(t).key == key

@@ -128,3 +128,26 @@ def test_the_study_record_keeps_its_keys() -> None:
     assert study.user_attrs == {"recprof.job": {"world_size": 2}, "objective": "o",
                                 "pruned_knobs": {}, "pruning_basis": "b"}  # fmt: skip
     assert StudyRecord.load(study).pruned_knobs == {}  # decided: nothing pruned
+
+
+def test_a_trial_failed_by_the_heartbeat_check_reads_as_abandoned_until_retries_run_out() -> None:
+    """Only the heartbeat check fails a trial without storing why (its worker was gone)."""
+    silent = "worker h:7 stopped sending heartbeats"
+
+    def stale(history: list[int]) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(
+            state=TrialState.FAIL, user_attrs={"worker": "h:7", "trial_dir": "/t/0003"},
+            system_attrs={"retry_history": history} if history else {},
+        )  # fmt: skip
+
+    first, second = TrialRecord.load(stale([])), TrialRecord.load(stale([3]))
+    for rec in (first, second):
+        assert rec.status == Status.ABANDONED and rec.retried
+        assert rec.reason == f"{silent}; queued to run again"
+    assert not is_answer(stale([])) and not is_run(stale([]))
+    last = TrialRecord.load(stale([3, 5]))  # Optuna queues no third retry (MAX_RETRY = 2)
+    assert last.status == Status.CRASH and not last.retried
+    assert last.reason == f"{silent}; its config lost a worker 3 times: not retried"
+    assert is_answer(stale([3, 5]))
+    told = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"status": "crash"})
+    assert TrialRecord.load(told).status == Status.CRASH and TrialRecord.load(told).reason is None

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -16,6 +17,7 @@ from optuna.trial import TrialState
 from recprof.errors import RecprofError
 from tuner import workers
 from tuner.record import Role, Status, TrialRecord
+from tuner.storage import resolve_storage
 from tuner.workers import Workers
 
 
@@ -90,3 +92,23 @@ def test_waiting_for_a_baseline_that_is_gone_requeues_it_and_stops() -> None:
     w.study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).encode())
     w.study.tell(w.study.ask(), 1.0)
     assert TrialRecord.load(w.wait_for_baseline(lambda: None)).role == Role.BASELINE
+
+
+def test_a_beating_trial_outlives_the_grace_period_and_a_silent_one_is_failed_and_retried(
+    tmp_path: Path,
+) -> None:
+    spec = resolve_storage(f"sqlite:///{tmp_path / 's.db'}", tmp_path, heartbeat_s=1)
+    study = optuna.create_study(storage=spec.storage, direction="maximize")
+    w = Workers(study, spec.storage, trial_timeout=30)
+    live, silent = w.ask(), w.ask()
+    silent.suggest_categorical("x", [1, 2])
+    spec.storage.record_heartbeat(silent._trial_id)  # its worker beat once, then died
+    with w.beating(live):
+        time.sleep(4.5)  # grace period: 3 beats of 1 s
+        w.fail_stale()
+    states = [t.state for t in study.get_trials()]
+    assert states == [TrialState.RUNNING, TrialState.FAIL, TrialState.WAITING]
+    retry = study.get_trials()[2]
+    assert retry.params == silent.params and retry.system_attrs["failed_trial"] == silent.number
+    assert TrialRecord.load(study.get_trials()[1]).status == Status.ABANDONED
+    assert w.heartbeat_s == 1 and _workers().heartbeat_s is None  # in-memory: no heartbeats

@@ -1,0 +1,199 @@
+"""Workers that die and workers that share a storage badly, with real `recprof tune` processes.
+
+On a real PostgreSQL server, two workers share one study and one is killed with SIGKILL in the
+middle of a trial: its trial stops beating, the other worker fails it by heartbeat and runs the
+retry Optuna queued, and nothing that completed is lost. On SQLite, several workers are told
+that the file is the wrong storage for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+from pg_server import find_binaries, postgres_server
+from tuner_helpers import BASE_CONFIG, FAKE_LAUNCHER, load, write_yaml
+
+from tuner.record import Status, TrialRecord, is_run
+from tuner.study import TuneSettings
+
+pytestmark = pytest.mark.slow
+
+SHARED_SQLITE = "several workers share the SQLite file"
+
+
+def _tune_argv(config: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "recprof", "tune", "--nproc-per-node", "2",
+        "--launcher", FAKE_LAUNCHER, "--config", str(config), "--capture", "off",
+        "--no-progress", "--trial-timeout", "60", "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+def _start(argv: list[str]) -> subprocess.Popen[str]:
+    """A worker in a session of its own, as from its own shell (signals reach it alone)."""
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def _wait_until(
+    predicate: Callable[[], bool], procs: list[subprocess.Popen[str]], timeout: float = 120.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            logs = [p.communicate()[1][-3000:] for p in procs]
+            pytest.fail(f"the workers never reached the expected state: {logs}")
+        time.sleep(0.2)
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL server for this module's tests, stopped at the end."""
+    pytest.importorskip("psycopg", reason="the psycopg driver is not installed (dev extra)")
+    bins = find_binaries()
+    if bins is None:
+        pytest.skip(
+            "PostgreSQL is not installed: no initdb/pg_ctl on PATH or in "
+            "/usr/lib/postgresql/*/bin (`make setup` installs Debian's postgresql as root)"
+        )
+    with postgres_server(bins) as url:
+        yield url
+
+
+def test_a_worker_killed_mid_trial_is_retried_by_heartbeat_on_postgres(
+    tmp_path: Path, pg_url: str
+) -> None:
+    config = write_yaml(tmp_path / "base.yaml", BASE_CONFIG | {"sleep_s": 2.0})
+    common = ["--storage", pg_url, "--study", "shared", "--trials", "8", "--heartbeat", "1"]
+    survivor = _start(_tune_argv(config, tmp_path / "w0", *common, "--seed", "0"))
+    victim = _start(_tune_argv(config, tmp_path / "w1", *common, "--seed", "1"))
+    victim_id = f"{socket.gethostname()}:{victim.pid}"
+    settings = TuneSettings(out=tmp_path, storage=pg_url)
+
+    def trials() -> list[FrozenTrial]:
+        try:
+            return load(settings, "shared").get_trials()
+        except KeyError:  # the study is not created yet
+            return []
+
+    def victims(t: FrozenTrial) -> bool:
+        return t.user_attrs.get("worker") == victim_id and "trial_dir" in t.user_attrs
+
+    def victim_mid_trial() -> FrozenTrial | None:
+        """The victim's trial running the trainer, once the victim has completed a run."""
+        now = trials()
+        if not any(t.state == TrialState.COMPLETE and victims(t) for t in now):
+            return None
+        return next(
+            (
+                t for t in now if t.state == TrialState.RUNNING and victims(t)
+            ),
+            None,
+        )  # fmt: skip
+
+    _wait_until(lambda: victim_mid_trial() is not None, [survivor, victim])
+    killed = victim_mid_trial()
+    assert killed is not None
+    completed = {t.number: t.value for t in trials() if t.state == TrialState.COMPLETE}
+    victim_runs = [t.number for t in trials() if t.state == TrialState.COMPLETE and victims(t)]
+    # The worker's host is lost: the worker and the trainer it runs (in a session of its own)
+    # die at once, by SIGKILL, with no chance to tell the study anything.
+    trainers = _children(victim.pid)
+    victim.send_signal(signal.SIGKILL)
+    for pid in trainers:
+        os.killpg(pid, signal.SIGKILL)
+    victim.communicate(timeout=30)
+    out, err = survivor.communicate(timeout=240)
+    assert victim.returncode == -signal.SIGKILL
+    assert survivor.returncode == 0, err[-3000:]
+
+    after = trials()
+    assert not any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in after)
+    # The killed trial: failed by the heartbeat check, read as abandoned, never a run.
+    lost = after[killed.number]
+    assert [t.number for t in after if t.state == TrialState.FAIL] == [killed.number]
+    rec = TrialRecord.load(lost)
+    assert rec.status == Status.ABANDONED and rec.worker == victim_id and not rec.ran
+    assert rec.reason == f"worker {victim_id} stopped sending heartbeats; queued to run again"
+    # Its retry (RetryHeartbeatStaleTrialCallback), run to completion by the survivor.
+    retries = [t for t in after if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retries) == 1
+    retry = retries[0]
+    assert retry.system_attrs["retry_history"] == [killed.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == killed.params
+    assert TrialRecord.load(retry).worker != victim_id and TrialRecord.load(retry).ran
+    # Nothing completed was lost or changed, and the budget counts real runs only.
+    for number, value in completed.items():
+        assert after[number].state == TrialState.COMPLETE and after[number].value == value
+    assert all(after[n].user_attrs["worker"] == victim_id for n in victim_runs)
+    assert sum(is_run(t) for t in after) == 8
+    # The recommendation is the study's best.
+    best = load(settings, "shared").best_trial
+    best_rec = TrialRecord.load(best)
+    ran_best = best_rec.duplicate_of if best_rec.duplicate_of is not None else best.number
+    summary = json.loads((tmp_path / "w0" / "tuning_summary.json").read_text())
+    assert summary["best_trial"] == ran_best
+    assert summary["throughput"] == best.value
+    recommended = yaml.safe_load((tmp_path / "w0" / "recommended.yaml").read_text())
+    assert recommended == BASE_CONFIG | {"sleep_s": 2.0} | best_rec.knobs
+    assert SHARED_SQLITE not in err
+    assert f"best (trial {ran_best})" in out  # the printed summary names the same trial
+    assert _children(survivor.pid) == []
+
+
+def test_workers_sharing_a_sqlite_file_are_told_to_use_another_storage(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "base.yaml", BASE_CONFIG | {"sleep_s": 1.0})
+    common = ["--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study", "s"]
+    # One worker: SQLite is the default and nothing is said.
+    alone = subprocess.run(
+        _tune_argv(config, tmp_path / "alone", *common, "--trials", "2"),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert SHARED_SQLITE not in alone.stderr
+    # Two on the same file (its schema exists, so they do not race to create it).
+    workers = [
+        _start(_tune_argv(config, tmp_path / f"w{i}", *common, "--trials", "8", "--seed", str(i)))
+        for i in range(2)
+    ]
+    logs = [w.communicate(timeout=240)[1] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], logs
+    warned = [log for log in logs if SHARED_SQLITE in log]
+    assert warned, logs
+    line = " ".join(warned[0].split())
+    assert (
+        f"warning: several workers share the SQLite file {tmp_path / 'study.db'}: SQLite locks "
+        "the whole file for each write"
+    ) in line
+    assert "use --storage journal:PATH or a PostgreSQL URL" in line
+    assert all(log.count(SHARED_SQLITE) <= 1 for log in logs)  # said once per worker
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert 8 <= sum(is_run(t) for t in study.get_trials()) <= 9
