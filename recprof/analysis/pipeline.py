@@ -72,6 +72,9 @@ def discover(paths: Sequence[Path]) -> list[Path]:
             files.extend(kineto or found)
             if not found:
                 raise RecprofError(f"{path}: folder holds no .json or .json.gz trace files")
+        elif path.exists():
+            raise RecprofError(f"{path}: not a regular file or folder (a FIFO or a device "
+                               "would block or never end)")
         else:
             raise RecprofError(f"{path}: no such file or folder")
     return list(dict.fromkeys(files))
