@@ -11,7 +11,8 @@ This module wires the pieces and records how the rank ends; each piece has one j
 - `step_clock`: where step boundaries come from, and the step log;
 - `profiler_window`: torch.profiler from the first step to the trace file;
 - `rank_meta`: the rank's metadata file;
-- `rank_voice`: progress events and warnings.
+- `rank_voice`: progress events and warnings;
+- `torchrun_record` (in torchrun's process, not a rank's): the ranks torchrun saw fail.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from recprof.capture import layout
+from recprof.capture import layout, torchrun_record
 from recprof.capture.layout import EventKind, ExitStatus, Schedule
 from recprof.capture.profiler_window import ProfilerWindow
 from recprof.capture.rank_meta import RankMeta
@@ -43,8 +44,17 @@ _capture: RankCapture | None = None
 
 
 def activate() -> None:
-    """Start capturing in this process if it is a rank's main process; otherwise do nothing."""
+    """Start capturing in this process if it is a rank's main process; in torchrun started by
+    capture, record the ranks it reports failed; otherwise do nothing."""
     global _capture
+    if _is_captured_torchrun():
+        run_dir = Path(os.environ[layout.ENV_DIR])
+
+        def record_failures(errors: ModuleType) -> None:
+            torchrun_record.wrap(errors, run_dir)
+
+        sys.meta_path.insert(0, _AfterImport(torchrun_record.ERRORS_MODULE, record_failures))
+        return
     rank = _rank_of_this_process()
     if rank is None or _capture is not None:
         return
@@ -69,6 +79,13 @@ def _rank_of_this_process() -> int | None:
     if os.environ.get(layout.ENV_LAUNCHER_PID) == str(os.getppid()) and not _is_torch_launcher():
         return 0  # `recprof capture -- python train.py`: a one-process job
     return None
+
+
+def _is_captured_torchrun() -> bool:
+    """True in the torchrun agent that `recprof capture` started (`capture -- torchrun ...`)."""
+    owner = os.environ.get(layout.ENV_OWNER)
+    launched = os.environ.get(layout.ENV_LAUNCHER_PID) == str(os.getppid())
+    return not owner and launched and _is_torch_launcher()
 
 
 def _is_torch_launcher() -> bool:
@@ -216,7 +233,14 @@ class RankCapture:
         self.voice.event(EventKind.EXIT, **ended)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """Save what we can, then die by the signal as the default handler would have."""
+        """Save what we can, then die by the signal as the default handler would have.
+
+        A rank already saving is left to finish: when one rank dies, a survivor's collective
+        fails, its exit handlers start writing the trace, and torchrun's SIGTERM for the
+        survivors lands in the middle of that; dying then would lose the trace being written.
+        """
+        if self.closed:
+            return
         self.exit = {"status": ExitStatus.SIGNAL, "code": 128 + signum, "signal": "SIGTERM"}
         try:
             self.close()

@@ -61,7 +61,8 @@ class ProfilerStatus(enum.StrEnum):
 
 class ExitStatus(enum.StrEnum):
     """How a rank ended. The rank's own exit record says one of the first four; the manifest adds
-    the last two from a fatal-signal report (`fatal_signal` below)."""
+    the next two from a fatal-signal report (`fatal_signal` below), and the last from torchrun's
+    record of a rank that died by a signal no handler sees (`torchrun_record`)."""
 
     COMPLETED = "completed"
     EXCEPTION = "exception"  # an uncaught exception
@@ -69,6 +70,7 @@ class ExitStatus(enum.StrEnum):
     SIGNAL = "signal"  # SIGTERM (torchrun stopping the survivors)
     ABORTED_AT_EXIT = "aborted_at_exit"  # a fatal signal after a completed exit record
     FATAL_SIGNAL = "fatal_signal"  # a fatal signal before any exit handler ran
+    KILLED = "killed"  # SIGKILL (or another uncaught signal), as torchrun saw it
 
 
 class RunStatus(enum.StrEnum):
@@ -219,6 +221,11 @@ def read_step_log(run_dir: Path, rank: int) -> list[StepRecord]:
 def meta_path(run_dir: Path, rank: int) -> Path:
     """Metadata of one rank, rewritten whenever it learns something (start, window, exit)."""
     return run_dir / META / f"rank{rank}.json"
+
+
+def torchrun_path(run_dir: Path) -> Path:
+    """torchrun's own record of the ranks that failed (`torchrun_record`)."""
+    return run_dir / META / "torchrun.json"
 
 
 def fatal_path(run_dir: Path, rank: int) -> Path:

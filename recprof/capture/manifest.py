@@ -2,9 +2,10 @@
 
 Built by the launcher from what the ranks left in the run folder (it never trusts that a rank
 finished: a rank killed by SIGKILL leaves metadata that still says "recording"), so it is right
-after crashes, early exits and Ctrl-C too. Written once before the job starts (status
-"running") and again at the end, when it also says whether the recorded window is
-representative of the run (window_check.py).
+after crashes, early exits and Ctrl-C too; how a rank that could not say so itself ended comes
+from torchrun's record of its failed ranks (`torchrun_record`). Written once before the job
+starts (status "running") and again at the end, when it also says whether the recorded window
+is representative of the run (window_check.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from recprof.capture import layout
+from recprof.capture import layout, torchrun_record
 from recprof.capture.launcher import JobResult
 from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule
 from recprof.capture.window_check import check_window
@@ -31,7 +32,8 @@ def build_manifest(
 ) -> dict[str, Any]:
     """Describe the run folder as it is now; `job` is None while the job is still running."""
     metas = _read_metas(run_dir)
-    ranks = [_rank_entry(run_dir, meta) for meta in metas]
+    failed = torchrun_record.read(run_dir)
+    ranks = [_rank_entry(run_dir, meta, failed.get(meta["rank"])) for meta in metas]
     world = max((int(m.get("world_size") or 1) for m in metas), default=None)
     missing = [f"rank {r['rank']}: {r['missing']}" for r in ranks if r.get("missing")]
     seen = {r["rank"] for r in ranks}
@@ -111,7 +113,9 @@ def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(metas, key=lambda m: m.get("rank", -1))
 
 
-def _rank_entry(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+def _rank_entry(
+    run_dir: Path, meta: dict[str, Any], torchrun_saw: dict[str, Any] | None
+) -> dict[str, Any]:
     """One rank: its files, how far it got, how it ended, and (if incomplete) what is missing
     and why. `outcome` says all of it in one sentence for the summary."""
     rank = meta["rank"]
@@ -119,7 +123,9 @@ def _rank_entry(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     steps_file = layout.steps_path(run_dir, rank)
     steps_logged = _count_lines(steps_file)
     trace = prof.get("trace")
-    ended = _exit_record(meta.get("exit"), layout.fatal_signal(run_dir, rank), steps_logged)
+    ended = _exit_record(
+        meta.get("exit"), layout.fatal_signal(run_dir, rank), steps_logged, torchrun_saw
+    )
     entry: dict[str, Any] = {
         "rank": rank,
         "host": meta.get("host"),
@@ -143,11 +149,23 @@ def _rank_entry(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _exit_record(
-    ended: dict[str, Any] | None, fatal: str | None, steps_logged: int
+    ended: dict[str, Any] | None,
+    fatal: str | None,
+    steps_logged: int,
+    torchrun_saw: dict[str, Any] | None,
 ) -> dict[str, Any] | None:
     """How the rank ended. Its own exit record (written by Python's exit handlers) says
     completed, exception, interrupted or SIGTERM; a fatal signal recorded by faulthandler wins,
-    and tells whether it came after those handlers (an abort at exit) or instead of them."""
+    and tells whether it came after those handlers (an abort at exit) or instead of them.
+    Without either, torchrun's record names the signal that killed the rank (SIGKILL)."""
+    if fatal is None and ended is None and torchrun_saw and torchrun_saw.get("signal"):
+        return {
+            "status": ExitStatus.KILLED,
+            "signal": torchrun_saw["signal"],
+            "code": 128 - int(torchrun_saw["exitcode"]),
+            "after_steps": steps_logged,
+            "seen_by": "torchrun",
+        }
     if fatal is None:
         return ended
     number = getattr(signal.Signals, fatal, None)
@@ -173,6 +191,8 @@ def _death_clause(ended: dict[str, Any] | None) -> str:
     if ended["status"] == ExitStatus.FATAL_SIGNAL:
         return (f"; the process then died by {ended['signal']} after {ended['after_steps']} "
                 "steps, before its exit handlers ran")
+    if ended["status"] == ExitStatus.KILLED:
+        return f"; the process was then killed by {ended['signal']} (torchrun's record)"
     if ended["status"] == ExitStatus.SIGNAL:
         return f"; the process was then stopped by {ended.get('signal')}"
     error = f" ({ended['error']})" if ended.get("error") else ""
@@ -197,6 +217,9 @@ def _exit_explanation(ranks: list[dict[str, Any]], job: JobResult | None) -> str
                      "after training finished, not in training (see recprof/exit_race.py)")
         elif status == ExitStatus.FATAL_SIGNAL:
             cause = f"died by {ended['signal']} after {ended['after_steps']} steps, {kept}"
+        elif status == ExitStatus.KILLED:
+            cause = (f"was killed by {ended['signal']} after {ended['after_steps']} steps "
+                     f"(torchrun's record), {kept}")
         elif status in (ExitStatus.EXCEPTION, ExitStatus.INTERRUPTED):
             cause = f"ended with {status} ({ended.get('error', '')}), {kept}"
         elif not ended:
@@ -229,17 +252,18 @@ def _missing_reason(
         )
     if status == ProfilerStatus.FAILED:
         return f"no trace: the profiler failed ({prof.get('error')})"
+    where = (
+        "while recording" if status == ProfilerStatus.RECORDING
+        else f"after {steps_logged} steps"
+    )
     if ended is not None and ended.get("status") == ExitStatus.FATAL_SIGNAL:
-        where = (
-            "while recording" if status == ProfilerStatus.RECORDING
-            else f"after {steps_logged} steps"
-        )
         return f"no trace: the rank died by {ended['signal']} {where}"
-    if ended is None:
-        where = (
-            "while recording" if status == ProfilerStatus.RECORDING
-            else f"after {steps_logged} steps"
+    if ended is not None and ended.get("status") == ExitStatus.KILLED:
+        return (
+            f"no trace: the rank was killed by {ended['signal']} {where}, without a chance to "
+            "save (torchrun's record)"
         )
+    if ended is None:
         return (
             f"no trace: the rank was killed {where} without a chance to save "
             "(SIGKILL, os._exit, or stuck until the launcher's timeout)"

@@ -5,6 +5,7 @@ Each test runs a real job under capture and checks what lands in the run folder.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -230,6 +231,59 @@ def test_crash_on_one_rank_keeps_what_was_written(tmp_path: Path) -> None:
     assert {r["rank"] for r in man["ranks"]} == {0, 1}
     assert len(step_log(out, 0)) >= 3
     assert not [m["pid"] for m in (meta(out, 0), crashed) if alive(m["pid"])]
+
+
+def test_a_rank_killed_inside_the_window_loses_only_its_own_trace(tmp_path: Path) -> None:
+    """SIGKILL on rank 1 while both ranks record (the out-of-memory killer, a scheduler): rank 1
+    can save nothing; rank 0's next collective fails and it saves its partial trace, although
+    torchrun's SIGTERM for the survivors lands while it writes; the manifest names rank 1 and
+    the signal (torchrun's record), and the report is made from rank 0's trace."""
+    out = tmp_path / "run"
+    cmd = capture_cmd(out, (2, 1, 200), *TORCHRUN, "2", str(TINY_JOB), "--steps", "400",
+                      "--step-sleep", "0.02", report=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=JOB_ENV, cwd=REPO_ROOT
+    )
+    events = out / "events.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if events.exists() and events.read_text().count('"window"') == 2:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)  # a few recorded steps
+    victim = meta(out, 1)["pid"]
+    os.kill(victim, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=180)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    assert proc.returncode != 0, explain(done)
+
+    man = manifest(out)
+    assert man["status"] == "failed" and man["exit_code"] == proc.returncode
+    assert man["captured"] == {"traces": 1, "step_logs": 2, "meta": 2}
+    kept, lost = man["ranks"]
+    why = ("no trace: the rank was killed by SIGKILL while recording, without a chance to save "
+           "(torchrun's record)")
+    assert lost["rank"] == 1 and lost["pid"] == victim and lost["trace"] is None
+    assert lost["exit"] == {"status": "killed", "signal": "SIGKILL", "code": 137,
+                            "after_steps": lost["steps_logged"], "seen_by": "torchrun"}
+    assert lost["missing"] == why and f"rank 1: {why}" in man["missing"]
+    assert f"rank 1 was killed by SIGKILL after {lost['steps_logged']} steps" in (
+        man["exit_explanation"])
+    # The survivor's trace: from the window's first step, every step up to where it stopped.
+    assert kept["rank"] == 0 and kept["profiler"] == "partial", explain(done)
+    steps = profiler_steps(trace_events(out / kept["trace"])[1])
+    assert steps == list(range(3, steps[-1] + 1)) and len(steps) >= 3
+    assert kept["missing"].startswith("trace is partial: steps 3-")
+    # The report, from what exists: rank 0's trace, rank 1 named as missing.
+    assert man["analysis"] == "analysis.json" and man["report"] == "report.html"
+    (job,) = load_analysis_json(out / "analysis.json").jobs
+    assert [r.rank for r in job.ranks] == [0] and job.ranks_missing == [1]
+    assert job.world_size == 2
+    assert (out / "report.html").stat().st_size > 0
+    summary = " ".join(stderr.split())
+    assert f"missing: rank 1: {why}" in summary
+    assert f"report: {out / 'report.html'}" in summary
+    assert group_members(man["job_pid"]) == [] and not alive(kept["pid"])
 
 
 def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) -> None:

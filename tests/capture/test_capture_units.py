@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from capture_helpers import REPO_ROOT
 from typer.testing import CliRunner
 
-from recprof.capture import layout
+from recprof.capture import layout, torchrun_record
 from recprof.capture.launcher import INJECT_DIR, JobResult
 from recprof.capture.layout import Phase, Schedule, StepSource
 from recprof.capture.manifest import build_manifest
@@ -95,6 +96,16 @@ def test_manifest_explains_a_rank_killed_without_saving(tmp_path: Path) -> None:
     assert m["ranks"][0]["steps_logged"] == 4
     assert "killed while recording" in m["missing"][0]
     assert m["missing"][1].startswith("ranks 1 of 2: nothing in this folder")
+
+    # torchrun reaped it and says how it died: the manifest names the signal, not a guess.
+    torchrun_record.write(tmp_path, {0: SimpleNamespace(pid=77, exitcode=-9)})
+    m = build_manifest(tmp_path, ["torchrun", "x.py"], Schedule(3, 0, 3, False), job)
+    assert m["ranks"][0]["exit"] == {"status": "killed", "signal": "SIGKILL", "code": 137,
+                                     "after_steps": 4, "seen_by": "torchrun"}
+    assert m["missing"][0] == ("rank 0: no trace: the rank was killed by SIGKILL while "
+                               "recording, without a chance to save (torchrun's record)")
+    assert m["exit_explanation"] == ("rank 0 was killed by SIGKILL after 4 steps (torchrun's "
+                                     "record), without complete traces")
 
 
 def test_cli_user_errors_are_recprof_errors(tmp_path: Path) -> None:

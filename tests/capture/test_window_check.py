@@ -148,6 +148,7 @@ def test_protocol_words_are_the_documented_strings() -> None:
     ]
     assert list(ExitStatus) == [
         "completed", "exception", "interrupted", "signal", "aborted_at_exit", "fatal_signal",
+        "killed",
     ]
     assert list(layout.StepSource) == ["optimizer", "forward", "manual"]
     assert list(Phase) == ["wait", "warmup", "active", "after", "unprofiled"]
