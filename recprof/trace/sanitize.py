@@ -67,10 +67,11 @@ def text(value: Any) -> str | None:
     return None
 
 
-def identity(value: Any) -> int | str | bool | None:
-    """A `pid`/`tid`-like value usable as a dict key and in a lane name: None, an int, or
-    bounded text; False where the value is none of these (the event cannot be placed)."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)
+def identity(value: Any) -> int | float | str | bool | None:
+    """A `pid`/`tid`-like value usable as a dict key and in a lane name: None, a bounded
+    number, or bounded text; False where the value is none of these (a list or dict is
+    unhashable and its `str()` can recurse: the event cannot be placed)."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
                          and -MAX_COUNT <= value <= MAX_COUNT):
         return value
     if isinstance(value, str):
