@@ -53,6 +53,10 @@ def _register_commands() -> None:
 
     app.command(no_args_is_help=True)(compare)
 
+    from recprof.mirror.command import mirror
+
+    app.command(no_args_is_help=True)(mirror)
+
     from recprof.nestpipe.command import train
 
     app.command()(train)

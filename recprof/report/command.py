@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from recprof.analysis import SCHEMA, AnalysisResult, analyze_paths, load_analysis_json
+from recprof.analysis import AnalysisResult, analyze_paths, load_analysis_json
+from recprof.analysis.model import READABLE_SCHEMAS
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
 from recprof.report.render import write_report
@@ -26,7 +27,7 @@ def is_analysis_json(path: Path) -> bool:
     """
     if not path.is_file() or path.suffix != ".json":
         return False
-    tag = f'"{SCHEMA}"'.encode()
+    tags = [f'"{schema}"'.encode() for schema in READABLE_SCHEMAS]
     try:
         with path.open("rb") as fh:
             head = fh.read(_PEEK_BYTES)
@@ -34,7 +35,7 @@ def is_analysis_json(path: Path) -> bool:
             tail = fh.read()
     except OSError as exc:
         raise RecprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return tag in head or tag in tail
+    return any(tag in head or tag in tail for tag in tags)
 
 
 def load_result(paths: list[Path], steps: str | None = None) -> AnalysisResult:

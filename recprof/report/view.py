@@ -236,15 +236,16 @@ def _skew_text(job: JobAnalysis) -> str:
         spread = (f" Step time spread: up to {units.duration(worst.max_us - worst.min_us)} "
                   f"between the fastest and slowest rank (step {worst.step}, slowest rank "
                   f"{worst.slowest_rank}).")
+    # An analysis of schema /1 carries no rule; the sentence then stands without it.
+    rule = skew.straggler_rule[:1].upper() + skew.straggler_rule[1:]
     if skew.straggler_rank is None:
-        rule = skew.straggler_rule[0].upper() + skew.straggler_rule[1:]
         return f"No straggler across {skew.matched_count} matched collectives. {rule}{spread}"
     s = skew.straggler_rank
     cost = skew.straggler_cost_us_per_step
     cause = f" Why it is late: {skew.straggler_cause}." if skew.straggler_cause else ""
     return (f"Straggler: rank {s}. The others wait {units.duration(cost)} per step for it with "
             f"nothing else to do ({units.percent(cost, job.per_step.step)} of the step). "
-            f"{skew.straggler_rule[0].upper() + skew.straggler_rule[1:]}{cause}{spread}")
+            f"{rule}{cause}{spread}")
 
 
 def _wait_table(job: JobAnalysis) -> Table:

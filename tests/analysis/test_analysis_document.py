@@ -60,6 +60,16 @@ def test_version_1_documents_still_load(shared_traces: Path) -> None:
     assert old.collectives[0].count_per_step > 0
 
 
+def test_report_command_reads_a_version_1_document(tmp_path: Path) -> None:
+    """`recprof report OLD.json` takes a /1 document for what it is (not for a trace) and
+    writes the report: /1 has no straggler rule, and the skew sentence stands without it."""
+    out = tmp_path / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "recprof", "report", str(V1_DOCUMENT), "-o",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Rank 2 makes the others wait" in out.read_text()
+
+
 def test_report_renders_what_the_analysis_holds(shared_traces: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The report computes no finding and no per-step mean: with the rules and the means

@@ -1,0 +1,82 @@
+"""`recprof mirror RUN`: a trainer config shaped like a captured job."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from recprof.errors import RecprofError
+from recprof.mirror.calibrate import Try, calibrate
+from recprof.mirror.derive import Mirror, derive
+from recprof.report.command import load_result
+
+
+def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
+    """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
+    `paths`; shared by `recprof mirror` and `recprof tune --like`."""
+    result = load_result(paths)
+    if result.errors and not result.jobs:
+        raise RecprofError(f"{paths[0]}: {result.errors[0]}")
+    if len(result.jobs) != 1:
+        ids = ", ".join(j.id for j in result.jobs) or "none"
+        raise RecprofError(f"{paths[0]}: mirror needs one job, found {len(result.jobs)} ({ids})")
+    job = result.jobs[0]
+    mirror = derive(job)
+    if calibrate_runs:
+        world = job.world_size or len(job.ranks)
+        workdir = Path(tempfile.mkdtemp(prefix="recprof-mirror-"))
+
+        def said(attempt: Try) -> None:
+            console.print(f"calibration run: bottom_mlp {attempt.bottom_mlp} top_mlp "
+                          f"{attempt.top_mlp}: dense {attempt.dense_us / 1e3:.2f} ms per step",
+                          highlight=False)
+
+        try:
+            console.print(f"calibrating the dense widths against "
+                          f"{mirror.footprint.dense_us / 1e3:.2f} ms per step with short "
+                          f"trainer runs on {world} ranks (up to {calibrate_runs})",
+                          highlight=False)
+            calibrate(mirror, world, workdir, tries=calibrate_runs, on_try=said)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return mirror
+
+
+def mirror(
+    paths: Annotated[list[Path], typer.Argument(
+        help="A capture folder, trace files or folders of one job, or its analysis JSON "
+             "(whose trace files must still be where it says).", show_default=False)],
+    output: Annotated[Path, typer.Option(
+        "-o", "--output", help="Where to write the trainer config; `-` prints it.")] = Path(
+        "mirror.yaml"),
+    calibrate_runs: Annotated[int, typer.Option(
+        "--calibrate", min=0, help="Short trainer runs to fit the dense widths to the job's "
+                                   "dense time (0: keep the widths the trace shows).")] = 4,
+) -> None:
+    """Write a config for the built-in trainer shaped like a captured job: world size, batch,
+    sparse features and tables (count, dim, rows, pooling, sharding where the trace shows
+    them), dense MLP widths fitted to the job's dense time. A comment header says what each
+    value came from and lists what could not be derived with the default used.
+
+    Example: recprof mirror recprof-runs/my-dlrm -o my-dlrm.yaml, then
+    recprof tune --config my-dlrm.yaml --nproc-per-node 2 (or recprof tune --like RUN).
+    """
+    console = Console(stderr=True, soft_wrap=True)
+    result = build_mirror(paths, calibrate_runs, console)
+    text = result.to_yaml(", ".join(str(p) for p in paths))
+    if str(output) == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+    except OSError as exc:
+        raise RecprofError(f"{output}: cannot write ({exc.strerror or exc})") from None
+    console.print(f"mirror config written to [bold]{escape(str(output))}[/]", highlight=False)

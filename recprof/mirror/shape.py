@@ -1,0 +1,143 @@
+"""The model's shape as the trace shows it: operator input shapes recorded with
+`record_shapes=True` (capture always records them).
+
+What each source gives (checked on TorchRec's golden DLRM, the built-in trainer and
+examples/ddp_sharded_embedding.py):
+- `aten::linear` (forward only; backward runs `mm` under autograd nodes): input `[b, in]`,
+  weight `[out, in]`, so the per-rank batch and every dense layer's widths, in call order;
+- fbgemm's table-batched embedding forward on CPU (`split_embedding_codegen_forward_cpu`):
+  flat weights, `D_offsets` (tables on this rank + 1), indices and offsets (`tables x batch + 1`):
+  the tables a rank owns, the batch they are looked up for, the mean pooling factor, and
+  with the embedding dim the rows per table (assuming equal rows, as the flat size cannot say);
+- `aten::embedding_bag`: weight `[rows, dim]`, indices, offsets `[bags]`: dim and pooling (the
+  rows are the table's only where the job looks up its own shard; the built-in trainer looks up
+  a gathered block of unique rows).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recprof.trace.reader import read_trace
+
+#: fbgemm's table-batched embedding forward on CPU; its CUDA kernels' arguments differ, and a
+#: GPU job's tables are read from its other evidence (listed as not derived where none).
+TBE_FORWARD_CPU = "fbgemm::split_embedding_codegen_forward_cpu"
+#: The autograd node that runs fbgemm's fused backward + optimizer: TorchRec's sparse update
+#: is inside the backward pass, so it is part of the `dense_backward` stage's time.
+FUSED_SPARSE_BACKWARD = ("autograd::engine::evaluate_function: "
+                         "torch::autograd::CppNode<SplitLookupFunction")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One dense layer as called: batch rows in, widths in and out."""
+
+    batch: int
+    width_in: int
+    width_out: int
+
+
+@dataclass(frozen=True)
+class TableBatch:
+    """One call of a table-batched embedding lookup on one rank."""
+
+    weights: int  # elements of all its tables together
+    tables: int
+    indices: int
+    bags: int  # tables x batch
+
+
+@dataclass
+class RankShape:
+    """What one rank's trace shows of the model, per recorded step."""
+
+    path: Path
+    steps: int
+    linears: list[Linear] = field(default_factory=list)  # one step's forward layers, in order
+    table_batches: list[TableBatch] = field(default_factory=list)  # one step's lookups
+    embedding_bags: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # (rows, dim, indices, bags) of one step's aten::embedding_bag calls
+    fused_sparse_us: float = 0.0  # per step: TorchRec's sparse update inside the backward
+
+
+def _dims(event: dict[str, Any]) -> list[Any] | None:
+    args = event.get("args")
+    dims = args.get("Input Dims") if isinstance(args, dict) else None
+    return dims if isinstance(dims, list) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _shape(dims: list[Any], i: int) -> list[int] | None:
+    if i >= len(dims) or not isinstance(dims[i], list):
+        return None
+    values = [_int(v) for v in dims[i]]
+    return None if any(v is None for v in values) else values  # type: ignore[return-value]
+
+
+def _linear(dims: list[Any]) -> Linear | None:
+    x, w = _shape(dims, 0), _shape(dims, 1)
+    if not x or not w or len(w) != 2 or x[-1] != w[1]:
+        return None
+    batch = 1
+    for d in x[:-1]:
+        batch *= d
+    return Linear(batch, w[1], w[0])
+
+
+def _table_batch(dims: list[Any]) -> TableBatch | None:
+    """fbgemm's CPU TBE forward, `split_embedding_codegen_forward_cpu(weights, weights_offsets,
+    D_offsets, total_D, hash_size_cumsum, indices, offsets, ...)`: one weights offset per table,
+    offsets of length `tables x batch + 1`."""
+    weights, tables, indices, offsets = (_shape(dims, i) for i in (0, 1, 5, 6))
+    if not (weights and tables and indices and offsets) or offsets[0] < 2 or not tables[0]:
+        return None
+    if (offsets[0] - 1) % tables[0]:
+        return None
+    return TableBatch(weights[0], tables[0], indices[0], offsets[0] - 1)
+
+
+def read_rank_shape(path: Path) -> RankShape:
+    """The shapes of one rank's trace, reduced to one step (the first recorded one)."""
+    raw = read_trace(path)
+    steps = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        for e in raw.events
+        if isinstance(e, dict) and str(e.get("name", "")).startswith("ProfilerStep#")
+        and isinstance(e.get("ts"), int | float) and isinstance(e.get("dur"), int | float))
+    first = steps[0] if steps else (float("-inf"), float("inf"))
+    shape = RankShape(path=path, steps=len(steps))
+    fused = sum(float(e.get("dur", 0)) for e in raw.events if isinstance(e, dict)
+                and str(e.get("name", "")).startswith(FUSED_SPARSE_BACKWARD)
+                and isinstance(e.get("dur"), int | float) and e["dur"] >= 0)
+    shape.fused_sparse_us = fused / max(len(steps), 1)
+    for e in sorted((e for e in raw.events if isinstance(e, dict)
+                     and isinstance(e.get("ts"), int | float)), key=lambda e: e["ts"]):
+        if not first[0] <= e["ts"] < first[1]:
+            continue
+        name, dims = e.get("name"), _dims(e)
+        if not isinstance(name, str) or dims is None:
+            continue
+        if name == "aten::linear":
+            layer = _linear(dims)
+            if layer is not None:
+                shape.linears.append(layer)
+        elif name == TBE_FORWARD_CPU:
+            batch = _table_batch(dims)
+            if batch is not None:
+                shape.table_batches.append(batch)
+        elif name == "aten::embedding_bag":
+            w, idx, off = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
+            if w and len(w) == 2 and idx and off:
+                shape.embedding_bags.append((w[0], w[1], idx[0], off[0]))
+    return shape
+
+
+def most_common(values: list[int]) -> int | None:
+    return Counter(values).most_common(1)[0][0] if values else None

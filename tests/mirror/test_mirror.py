@@ -1,0 +1,109 @@
+"""`recprof mirror` on a real capture of the built-in trainer, and on bad input.
+
+The trainer's own config is the ground truth here: the mirror must give back every key that
+shapes the model and that the trace shows, exactly. TorchRec's golden DLRM is mirrored in
+tests/torchrec/test_golden_mirror.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recprof.analysis import analyze_paths
+from recprof.errors import RecprofError
+from recprof.mirror.derive import derive
+from recprof.nestpipe.config import load_config
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "configs" / "demo.yaml"
+#: The keys that shape the model and that the trainer's trace shows (docs/mirror.md).
+SHOWN = ("batch_size", "num_dense", "num_features", "embedding_dim", "bottom_mlp", "top_mlp",
+         "bag_size")
+
+
+@pytest.fixture(scope="module")
+def trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mirror") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--no-report", "--",
+         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "recprof.nestpipe", "--config", str(DEMO), "--out", str(out / "trainer")],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def _mirror_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "recprof", "mirror", *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def test_trainer_capture_gives_back_the_keys_its_trace_shows(trainer_run: Path,
+                                                             tmp_path: Path) -> None:
+    out = tmp_path / "mirror.yaml"
+    proc = _mirror_cli(str(trainer_run), "-o", str(out), "--calibrate", "0")
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    values = yaml.safe_load(text)
+    demo = yaml.safe_load(DEMO.read_text())
+    for key in SHOWN:
+        assert values[key] == demo[key], key
+    # the header says where each came from, and what it could not see
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    for key in SHOWN:
+        assert any(ln.startswith(f"# {key}: ") for ln in header), key
+    assert "# not derived from the capture (default used):" in header
+    assert any("num_tables" in ln for ln in header[header.index(
+        "# not derived from the capture (default used):"):])
+    # a normal trainer config: the trainer loads it as written
+    cfg = load_config(out)
+    assert cfg.batch_size == demo["batch_size"] and cfg.top_mlp == demo["top_mlp"]
+
+
+def test_footprint_is_the_captured_exchange(trainer_run: Path) -> None:
+    job = analyze_paths([trainer_run / "traces"]).jobs[0]
+    mirror = derive(job)
+    assert mirror.footprint is not None
+    a2a = [c for c in job.collectives if c.kind == "all_to_all"]
+    assert mirror.footprint.all_to_alls == pytest.approx(sum(c.count_per_step for c in a2a))
+    assert mirror.footprint.exchange_bytes > 0
+    assert mirror.exact_dense  # the trainer's own architecture: widths copied, not fitted
+
+
+def test_single_rank_is_refused_with_the_reason(trainer_run: Path) -> None:
+    one = sorted((trainer_run / "traces").glob("rank0_*"))
+    proc = _mirror_cli(str(one[0]), "-o", "-", "--calibrate", "0")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "single-rank capture has no embedding exchange" in line
+
+
+def test_job_without_embedding_traffic_is_refused(shared_traces: Path) -> None:
+    job = analyze_paths([shared_traces / "astra-sim_megatron-tp8" / "megatron-tp8"]).jobs[0]
+    with pytest.raises(RecprofError, match="no all-to-all in the capture"):
+        derive(job)
+
+
+def test_cpu_only_rank_of_a_large_job_says_what_is_missing(shared_traces: Path) -> None:
+    """HTA's cpu_only trace: one gloo rank of 300, no shapes: one line, no traceback."""
+    proc = _mirror_cli(str(shared_traces / "hta" / "cpu_only"), "-o", "-", "--calibrate", "0")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "single-rank capture" in line
+
+
+def test_schema_1_analysis_says_the_traces_are_needed(tmp_path: Path) -> None:
+    v1 = REPO / "tests" / "data" / "sst_long_a2a_optimizer.analysis-v1.json"
+    proc = _mirror_cli(str(v1), "-o", "-", "--calibrate", "0")
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "trace" in line and "Traceback" not in proc.stderr

@@ -1,0 +1,33 @@
+"""`recprof mirror` of TorchRec's golden DLRM: the trainer config it derives must be the
+golden job's own shape, read from the source (train_dlrm.py's defaults), not from a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_golden_stages import BATCH, DIM, EXPECTED_BYTES, FEATURES, WORLD
+
+from recprof.analysis import load_analysis_json
+from recprof.mirror.derive import derive
+
+pytestmark = pytest.mark.slow
+
+#: train_dlrm.py: num_embeddings=1024**2, dense_arch_layer_sizes=[64, embedding_dim],
+#: over_arch_layer_sizes=[64, 1], 13 dense features, one id per feature, table-wise sharding.
+ROWS, BOTTOM, TOP, DENSE = 1024**2, [64], [64], 13
+
+
+def test_mirror_is_the_golden_jobs_shape(golden_run: Path) -> None:
+    (job,) = load_analysis_json(golden_run / "analysis.json").jobs
+    mirror = derive(job)
+    expected = {"batch_size": BATCH * WORLD, "num_dense": DENSE, "num_features": FEATURES,
+                "num_tables": FEATURES, "embedding_dim": DIM, "num_embeddings": ROWS,
+                "bottom_mlp": BOTTOM, "top_mlp": TOP, "bag_size": 1, "sharding": "table"}
+    assert {k: mirror.values[k] for k in expected} == expected
+    assert set(expected) <= set(mirror.sources)  # each from the trace, none a default
+    assert mirror.exact_dense
+    # what the mirror must reproduce: the five purposes' bytes per step and rank
+    assert mirror.footprint.exchange_bytes == pytest.approx(sum(EXPECTED_BYTES.values()))
+    assert mirror.footprint.all_to_alls == pytest.approx(5)
+    assert 0 < mirror.footprint.fused_sparse_us < mirror.footprint.dense_us
