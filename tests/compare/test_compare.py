@@ -197,3 +197,21 @@ def test_logged_steps_are_the_analysis_definition(trainer_run: Callable[[str], P
     steps = [s.step for s in timed_steps(logs[0], unprofiled=True)]
     assert steps == [s.step for s in logs[0] if s.phase == layout.Phase.AFTER]
     assert len(run.logged_steps_us) == len(steps)
+
+
+def test_analysis_document_compares_like_its_run_folder(
+        trainer_run: Callable[[str], Path], tmp_path: Path) -> None:
+    """An analysis JSON of a capture finds its run folder (the document's run context), so it is
+    timed by the same step logs and every number matches the folder's."""
+    import subprocess
+    import sys
+
+    run = trainer_run("2ranks")
+    document = tmp_path / "analysis.json"
+    subprocess.run([sys.executable, "-m", "recprof", "analyze", str(run), "--json",
+                    str(document)], check=True, capture_output=True)
+    doc, _ = _json(tmp_path, str(document), str(run))
+    a, b = doc["runs"]
+    assert a["step_source"] == b["step_source"] == LOGS_SOURCE
+    assert a["step_us"] == b["step_us"] and a["throughput"] == b["throughput"]
+    assert all(row["delta_us"] == 0.0 for row in doc["stages"] + doc["collectives"])
