@@ -698,6 +698,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=19)
+    parser.add_argument("--start", type=int, default=0,
+                        help="first case index (shards one seed's cases over runs)")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=60.0,
                         help="seconds one case may run before it counts as a hang")
@@ -705,7 +707,8 @@ def main() -> int:
     parser.add_argument("--memory-gb", type=float, default=6.0,
                         help="address-space cap per worker process")
     args = parser.parse_args()
-    indices = [args.only] if args.only is not None else list(range(args.cases))
+    indices = ([args.only] if args.only is not None
+               else list(range(args.start, args.start + args.cases)))
     counts: Counter[str] = Counter()
     places: dict[str, list[str]] = {}
     started = time.monotonic()
@@ -724,7 +727,7 @@ def main() -> int:
                 print(f"{done} cases, {time.monotonic() - started:.0f} s: {dict(counts)}",
                       flush=True)
     elapsed = time.monotonic() - started
-    print(f"\nseed {args.seed}, {len(indices)} cases in {elapsed:.0f} s "
+    print(f"\nseed {args.seed}, cases {indices[0]}..{indices[-1]} in {elapsed:.0f} s "
           f"({args.workers} worker(s)):")
     for kind in ("ok", "error", "failure"):
         print(f"  {kind:8s} {counts[kind]}")
