@@ -186,19 +186,22 @@ class Tuner:
     def _trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
 
-    def _warn_shared_sqlite(self, others: int) -> None:
+    def _warn_shared_sqlite(self) -> None:
         """Say once that several workers write one SQLite file: it works one writer at a time
         (the others wait up to the lock timeout, then fail), which a study of several workers
         should not depend on."""
         path = self.storage.sqlite_file
-        if path is None or others == 0 or self._warned_sqlite:
+        if path is None or self._warned_sqlite:
+            return
+        others = self.workers.others()
+        if not others:
             return
         self._warned_sqlite = True
         self.console.print(
-            f"[yellow]warning:[/] several workers share the SQLite file {escape(path)}: SQLite "
-            "locks the whole file for each write, so workers wait on each other and can fail "
-            "with 'database is locked'; for several workers use --storage journal:PATH or a "
-            "PostgreSQL URL (docs/tuner.md)",
+            f"[yellow]warning:[/] several workers share the SQLite file {escape(path)} (here and "
+            f"{', '.join(sorted(others))}): SQLite locks the whole file for each write, so "
+            "workers wait on each other and can fail with 'database is locked'; for several "
+            "workers use --storage journal:PATH or a PostgreSQL URL (docs/tuner.md)",
             highlight=False,
         )
 
@@ -342,10 +345,10 @@ class Tuner:
             self.workers.fail_stale()
             done = self.runs_done()
             others = self.workers.running_elsewhere()
-            self._warn_shared_sqlite(others)
+            self._warn_shared_sqlite()
             if done + others >= self.s.trials:
                 return f"trial budget reached ({done} runs, {others} running elsewhere)", False
-            baseline = baseline_of(self.study)
+            baseline = self.workers.wait_for_baseline(self._ensure_baseline)
             fixed = self._after_baseline(baseline) if baseline is not None else {}
             if baseline is not None and not self._unseen(fixed):
                 return "every valid configuration has been measured", False
@@ -357,8 +360,12 @@ class Tuner:
                 with self.workers.beating(trial):
                     self.workers.claim(trial)
                     if not is_baseline(trial) and baseline is None:
+                        # Asked while the baseline was queued, and another worker took it.
                         baseline = self.workers.wait_for_baseline(self._ensure_baseline)
-                        fixed = self._after_baseline(baseline)
+                        if baseline is None:  # that worker died, and it is queued again
+                            TrialRecord(role=Role.BASELINE).save(trial)  # run it here
+                        else:
+                            fixed = self._after_baseline(baseline)
                     knobs = self._suggest(trial, fixed)
                     key = knobs_key(knobs)
                     TrialRecord(knobs=knobs, key=key).save(trial)

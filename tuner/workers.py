@@ -124,6 +124,20 @@ class Workers:
             for t in self._trials()
         )
 
+    def others(self) -> set[str]:
+        """Other workers on this study now: any with a trial running, and any on this host
+        whose process lives (between two trials a worker has none running)."""
+        host, found = socket.gethostname(), set()
+        for t in self._trials():
+            worker = TrialRecord.load(t).worker
+            if not worker or worker == self.me or worker in found:
+                continue
+            name, _, pid = worker.rpartition(":")
+            here = name == host and pid.isdigit() and pid_alive(int(pid))
+            if here or t.state == TrialState.RUNNING:
+                found.add(worker)
+        return found
+
     def requeue(self, trial: Trial | FrozenTrial, status: Status, reason: str) -> None:
         """Close a trial that did not finish for reasons unrelated to its config; queue its
         config (and role) to run again. A trial already told (Ctrl-C landed after its result
@@ -145,8 +159,10 @@ class Workers:
                 continue
             self.requeue(t, Status.ABANDONED, f"worker {worker} ended without finishing this trial")
 
-    def wait_for_baseline(self, requeue_baseline: Callable[[], None]) -> FrozenTrial:
-        """The completed baseline; another worker may still be running it.
+    def wait_for_baseline(self, requeue_baseline: Callable[[], None]) -> FrozenTrial | None:
+        """The completed baseline, waiting while another worker runs it; None when it is only
+        queued (not asked for yet, or its worker died and Optuna queued it again): then this
+        worker runs it rather than wait for a worker that may not exist.
 
         When no baseline is running or queued any more, `requeue_baseline` queues it again (or
         raises with the reason it failed) and this worker stops: the next run starts with it.
@@ -158,11 +174,10 @@ class Workers:
             done = baseline_of(trials)
             if done is not None:
                 return done
-            pending = [
-                t for t in trials
-                if is_baseline(t) and t.state in (TrialState.RUNNING, TrialState.WAITING)
-            ]  # fmt: skip
-            if not pending:
+            states = {t.state for t in trials if is_baseline(t)}
+            if TrialState.RUNNING not in states:
+                if TrialState.WAITING in states:
+                    return None
                 requeue_baseline()
                 raise RecprofError("the baseline did not complete; run the command again")
             if time.monotonic() > deadline:

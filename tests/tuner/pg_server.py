@@ -64,6 +64,14 @@ def _server_user() -> pwd.struct_passwd | None:
     raise RuntimeError("running as root, and neither a 'postgres' nor a 'nobody' user exists")
 
 
+def _runuser() -> str:
+    """util-linux's runuser, in /usr/sbin, which a non-login PATH may lack."""
+    for candidate in (shutil.which("runuser"), "/usr/sbin/runuser", "/sbin/runuser"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise RuntimeError("running as root, and runuser (util-linux) is not installed")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -78,7 +86,7 @@ def postgres_server(bins: PgBinaries) -> Iterator[str]:
     if user is not None:
         os.chown(home, user.pw_uid, user.pw_gid)
     data, log, port = home / "data", home / "server.log", _free_port()
-    as_user = ["runuser", "-u", user.pw_name, "--"] if user is not None else []
+    as_user = [_runuser(), "-u", user.pw_name, "--"] if user is not None else []
 
     def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
         # cwd: the server user may not be able to enter the test's working directory.

@@ -90,8 +90,10 @@ def test_waiting_for_a_baseline_that_is_gone_requeues_it_and_stops() -> None:
         w.wait_for_baseline(lambda: requeued.append(True))
     assert requeued == [True]
     w.study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).encode())
+    assert w.wait_for_baseline(lambda: None) is None  # queued, run by no one: run it yourself
     w.study.tell(w.study.ask(), 1.0)
-    assert TrialRecord.load(w.wait_for_baseline(lambda: None)).role == Role.BASELINE
+    done = w.wait_for_baseline(lambda: None)
+    assert done is not None and TrialRecord.load(done).role == Role.BASELINE
 
 
 def test_a_beating_trial_outlives_the_grace_period_and_a_silent_one_is_failed_and_retried(
