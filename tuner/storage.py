@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from optuna.storages import (
     BaseStorage,
     JournalStorage,
@@ -97,4 +98,7 @@ def resolve_storage(url: str | None, out_dir: Path, heartbeat_s: int = HEARTBEAT
             )
     except (ImportError, optuna.exceptions.StorageInternalError, ValueError) as exc:
         raise RecprofError(f"--storage {url!r}: cannot open ({exc})") from None
+    except sqlalchemy.exc.SQLAlchemyError as exc:  # e.g. no server at that address
+        first = str(exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc)
+        raise RecprofError(f"--storage {url!r}: cannot open ({first.splitlines()[0]})") from None
     return StorageSpec(storage, url, url)

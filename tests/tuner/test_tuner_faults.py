@@ -25,7 +25,9 @@ from optuna.trial import FrozenTrial, TrialState
 from pg_server import find_binaries, postgres_server
 from tuner_helpers import BASE_CONFIG, FAKE_LAUNCHER, write_yaml
 
+from recprof.errors import RecprofError
 from tuner.record import Status, TrialRecord, is_run
+from tuner.storage import resolve_storage
 
 pytestmark = pytest.mark.slow
 
@@ -226,3 +228,12 @@ def test_workers_sharing_a_sqlite_file_are_told_to_use_another_storage(tmp_path:
     assert all(log.count(SHARED_SQLITE) <= 1 for log in logs)  # said once per worker
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
     assert 8 <= sum(is_run(t) for t in study.get_trials()) <= 9
+
+
+def test_a_database_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("psycopg", reason="the psycopg driver is not installed (dev extra)")
+    url = "postgresql+psycopg://recprof@127.0.0.1:1/postgres"  # nothing listens on port 1
+    with pytest.raises(RecprofError) as err:
+        resolve_storage(url, tmp_path)
+    assert str(err.value).startswith(f"--storage {url!r}: cannot open (connection failed: ")
+    assert "\n" not in str(err.value)
