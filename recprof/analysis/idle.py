@@ -53,11 +53,13 @@ class _GapExplainer:
     def explain(self, start: float, end: float) -> tuple[str, str]:
         length = end - start
         names = self.trace.names
+        # idx < 0: no span overlaps. The test is needed beside the fraction: half of a
+        # subnormal gap (damaged times) underflows to 0, which "no coverage" would meet.
         covered, idx = _covered(self.trace.data_loading, start, end)
-        if covered >= COVER_FRACTION * length:
+        if idx >= 0 and covered >= COVER_FRACTION * length:
             return DATA_LOADING, names[self.trace.data_loading.name[idx]]
         covered, idx = _covered(self.trace.comm_waits, start, end)
-        if covered >= COVER_FRACTION * length:
+        if idx >= 0 and covered >= COVER_FRACTION * length:
             return COLLECTIVE_WAIT, names[self.trace.comm_waits.name[idx]]
         if self.cpu_run:
             return self._explain_cpu(start, end)

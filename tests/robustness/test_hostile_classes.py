@@ -349,3 +349,19 @@ def test_a_gzip_bomb_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TraceFileError) as err:
         read_bytes(bomb, max_bytes=4 << 20)
     assert str(err.value).startswith(f"{bomb}: decompresses to more than 4 MB")
+
+
+# --- IndexError in idle._GapExplainer: a subnormal gap (found by the nightly fuzz run) -------
+
+def test_a_subnormal_idle_gap_is_not_explained_by_a_span_that_misses_it(
+        shared_traces: Path) -> None:
+    from recprof.analysis.idle import COLLECTIVE_WAIT, DATA_LOADING, _GapExplainer
+    from recprof.trace import load_rank_trace
+
+    trace = load_rank_trace(sorted((shared_traces / SST).iterdir())[0])
+    assert len(trace.data_loading.start) == 0 and len(trace.comm_waits.start) > 0
+    # Half of a subnormal length underflows to 0, which "nothing covers it" (0 µs) met: the
+    # empty data-loading spans were then indexed at -1.
+    for start in (-1e15, 0.0):  # before every span; at the origin
+        cause, _ = _GapExplainer(trace).explain(start, start + 5e-324)
+        assert cause not in (DATA_LOADING, COLLECTIVE_WAIT)
