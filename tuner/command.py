@@ -8,13 +8,19 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from recprof.errors import RecprofError
 from tuner.trainer import Launch
 
 
 def tune(
     nproc_per_node: Annotated[
-        int, typer.Option("--nproc-per-node", help="Ranks per node for every trial.")
-    ] = 2,
+        int | None,
+        typer.Option(
+            "--nproc-per-node",
+            help="Ranks per node for every trial [default: 2, or the mirrored job's world size].",
+            show_default=False,
+        ),
+    ] = None,
     nnodes: Annotated[
         int, typer.Option(help="Nodes per trial; more than one needs --launcher.")
     ] = 1,
@@ -27,6 +33,13 @@ def tune(
     ] = None,
     config: Annotated[
         Path | None, typer.Option(help="Base trainer config (YAML/TOML); knobs are applied on it.")
+    ] = None,
+    like: Annotated[
+        Path | None,
+        typer.Option(
+            help="A captured job (capture folder, traces or analysis JSON) to mirror: the base "
+            "config is `recprof mirror` of it, written to OUT/mirror.yaml (docs/mirror.md).",
+        ),
     ] = None,
     space: Annotated[
         Path | None, typer.Option(help="YAML file overriding the search space (see docs/tuner.md).")
@@ -80,6 +93,27 @@ def tune(
     from tuner.recommend import print_summary
     from tuner.study import TuneSettings, default_study_name, run_tuning
 
+    mirrors = None
+    if like is not None:
+        if config is not None:
+            raise RecprofError("give --config or --like, not both (--like writes the config)")
+        from recprof.mirror.command import build_mirror, derive_only
+
+        mirrored = derive_only([like])
+        nproc_per_node = nproc_per_node or mirrored.world_size
+        name = study or f"like-{mirrored.job_id}-{nnodes}x{nproc_per_node}"
+        out = out or Path("reports") / f"tune-{name}"
+        config = out / "mirror.yaml"
+        mirrors = f"job {mirrored.job_id} ({like})"
+        if config.is_file():  # a resumed study keeps the base config its trials ran on
+            console.print(f"mirror of {mirrors}: reusing {config} (delete it to mirror again)",
+                          highlight=False)
+        else:
+            mirrored = build_mirror([like], calibrate_runs=4, console=console)
+            out.mkdir(parents=True, exist_ok=True)
+            config.write_text(mirrored.to_yaml(str(like)))
+            console.print(f"mirror of {mirrors}: {config}", highlight=False)
+    nproc_per_node = nproc_per_node or 2
     name = study or default_study_name(config, Launch(nproc_per_node, nnodes))
     out = out or Path("reports") / f"tune-{name}"
     settings = TuneSettings(
@@ -98,6 +132,7 @@ def tune(
         seed=seed,
         progress=progress,
         heartbeat_s=heartbeat,
+        mirrors=mirrors,
     )
     result = run_tuning(settings, console)
     if result.recommendation is not None:

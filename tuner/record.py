@@ -326,10 +326,13 @@ class StudyRecord:
     #: Knob -> why it is no longer searched; None until decided (once, after the baseline).
     pruned_knobs: dict[str, str] | None = None
     pruning_basis: str | None = None
+    #: The captured job the base config mirrors (`recprof tune --like`), in words.
+    mirrors: str | None = None
 
     def encode(self) -> dict[str, Any]:
         attrs = {
             "recprof.job": self.job,
+            "recprof.mirrors": self.mirrors,
             "objective": self.objective,
             "pruned_knobs": self.pruned_knobs,
             "pruning_basis": self.pruning_basis,
@@ -344,6 +347,7 @@ class StudyRecord:
             objective=attrs.get("objective"),
             pruned_knobs=attrs.get("pruned_knobs"),
             pruning_basis=attrs.get("pruning_basis"),
+            mirrors=attrs.get("recprof.mirrors"),
         )
 
     def save(self, study: optuna.Study) -> None:

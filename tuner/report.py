@@ -293,7 +293,9 @@ def write_tuning_report(
     """Write the tuning report for the study as it stands now; returns the path."""
     start = path.parent.resolve()
     part = tuning_part(study, rec, start, dashboard_arg)
-    html = render_page(f"recprof tune · {study.study_name}", f"storage {storage_url}", [part])
+    mirrors = StudyRecord.load(study).mirrors
+    subtitle = (f"mirrors {mirrors} · " if mirrors else "") + f"storage {storage_url}"
+    html = render_page(f"recprof tune · {study.study_name}", subtitle, [part])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
     return path

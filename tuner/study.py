@@ -82,6 +82,8 @@ class TuneSettings:
     progress: bool = True
     report: bool = True
     heartbeat_s: int = HEARTBEAT_S
+    #: The captured job this study's base config mirrors (`recprof tune --like`), if any.
+    mirrors: str | None = None
 
 
 @dataclass
@@ -176,7 +178,7 @@ class Tuner:
         ident = _job_identity(self.base, self.launch)
         stored = StudyRecord.load(self.study).job
         if stored is None:
-            StudyRecord(job=ident, objective=OBJECTIVE).save(self.study)
+            StudyRecord(job=ident, objective=OBJECTIVE, mirrors=self.s.mirrors).save(self.study)
         elif stored != ident:
             raise RecprofError(
                 f"study {self.study_name!r} holds trials of another job ({stored}); this run is "

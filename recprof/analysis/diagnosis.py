@@ -19,6 +19,7 @@ Conventions shared by all rules:
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ from recprof.analysis.frameworks import (
     LAUNCH,
     LOCALITY,
     OVERLAP,
+    REMEDIES,
     SHRINK,
     nestpipe_config,
     remedy,
@@ -161,6 +163,10 @@ class JobFacts:
     exposed_embedding_by_purpose: dict[str, float] = field(default_factory=dict)
     #: The built-in trainer's config file the job ran with, when `recprof tune` can use it.
     nestpipe_config: str | None = None
+    #: The capture run folder around the traces (None for bare traces) and whether the job
+    #: exchanges embeddings by all-to-all: together, whether `recprof tune --like` applies.
+    run_dir: str | None = None
+    has_embedding_exchange: bool = False
 
     @property
     def step_us(self) -> float:
@@ -196,15 +202,28 @@ def _kind_words(kind: str) -> str:
     return kind.replace("_", "-")
 
 
-def tune_command(facts: JobFacts, knobs: Iterable[str]) -> str | None:
-    """The `recprof tune` line that searches `knobs` for this job, or None where it would not
-    run as printed: the job is not the built-in trainer, or its config file is unknown."""
-    knobs = [k for k in knobs if k in TUNER_DEFAULT_SPACE]
-    if facts.framework != "nestpipe" or facts.nestpipe_config is None or not knobs:
+def tune_command(facts: JobFacts, mechanisms: Iterable[str]) -> str | None:
+    """The `recprof tune` line that measures what the built-in trainer's knobs for
+    `mechanisms` would do for this job, or None where it would not run as printed.
+
+    A NestPipe job is tuned on its own config file (when the command line named one); any
+    other job with an embedding all-to-all, captured by `recprof capture` (so its run folder is
+    known), is tuned through a mirror of it: `recprof tune --like RUN` (docs/mirror.md).
+    """
+    trainer = REMEDIES["nestpipe"]
+    knobs = [k for m in mechanisms if m in trainer for k in trainer[m].knobs
+             if k in TUNER_DEFAULT_SPACE]
+    if not knobs:
         return None
-    trials = max(8, 4 * len(knobs))
-    return (f"recprof tune --nproc-per-node {max(facts.world_size, 1)} "
-            f"--config {facts.nestpipe_config} --trials {trials}")
+    trials = max(8, 4 * len(dict.fromkeys(knobs)))
+    if facts.framework == "nestpipe":
+        if facts.nestpipe_config is None:
+            return None
+        return (f"recprof tune --nproc-per-node {max(facts.world_size, 1)} "
+                f"--config {facts.nestpipe_config} --trials {trials}")
+    if facts.run_dir is None or not facts.has_embedding_exchange or facts.world_size < 2:
+        return None
+    return f"recprof tune --like {shlex.quote(facts.run_dir)} --trials {trials}"
 
 
 def _remedies(facts: JobFacts, *mechanisms: str) -> tuple[list[str], str]:
@@ -215,12 +234,13 @@ def _remedies(facts: JobFacts, *mechanisms: str) -> tuple[list[str], str]:
 
 
 def _finding(facts: JobFacts, *, id: str, title: str, headline: str, evidence: list[str],
-             estimate: str, recoverable_us: float, knobs: list[str], advice: str = "") -> Finding:
+             estimate: str, recoverable_us: float, mechanisms: tuple[str, ...]) -> Finding:
     # Nothing recovers more than the whole step; a larger input means the analysis counted
     # some waiting twice, and ranking by it would overstate the finding.
     recoverable_us = min(recoverable_us, facts.step_us)
     fraction = recoverable_us / facts.step_us if facts.step_us > 0 else 0.0
-    command = tune_command(facts, knobs)
+    knobs, advice = _remedies(facts, *mechanisms)
+    command = tune_command(facts, mechanisms)
     return Finding(
         id=id, title=title, headline=headline, evidence=evidence, estimate=estimate,
         recoverable_us_per_step=recoverable_us, recoverable_fraction=fraction, knobs=knobs,
@@ -339,14 +359,13 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
         f"exposed time, capped by free compute); {shrink}, about {_ms(qcomms_gain)}; the "
         f"larger of the two is counted"
     )
-    knobs, advice = _remedies(facts, OVERLAP, SHRINK, LOCALITY)
     return _finding(
         facts, id="exposed_embedding_comm",
         title=f"Exposed embedding {names}",
         headline=(f"{names} is exposed for {_pct(transfer, step):.0f}% of the step "
                   f"({_ms(transfer)} per step) {where}"),
-        evidence=evidence, estimate=estimate, recoverable_us=recoverable, knobs=knobs,
-        advice=advice,
+        evidence=evidence, estimate=estimate, recoverable_us=recoverable,
+        mechanisms=(OVERLAP, SHRINK, LOCALITY),
     )
 
 
@@ -382,8 +401,7 @@ def rule_exposed_dense_comm(facts: JobFacts) -> Finding | None:
         ],
         estimate=(f"overlapping it with backward compute can hide up to {_ms(recoverable)} per "
                   f"step (the exposed time, capped by free compute)"),
-        recoverable_us=recoverable, knobs=_remedies(facts, DENSE_COMM)[0],
-        advice=_remedies(facts, DENSE_COMM)[1],
+        recoverable_us=recoverable, mechanisms=(DENSE_COMM,),
     )
 
 
@@ -407,7 +425,7 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
     cause = facts.straggler_cause or "not evident from the trace"
     evidence.append(f"why rank {s} is late: {cause}")
     data_cause = cause.startswith("data loading")
-    knobs, advice = _remedies(facts, DATA, BALANCE) if data_cause else _remedies(facts, BALANCE)
+    mechanisms = (DATA, BALANCE) if data_cause else (BALANCE,)
     return _finding(
         facts, id="straggler", title=f"Rank {s} is a straggler",
         headline=(f"rank {s} makes the others wait {_ms(cost)} per step "
@@ -415,7 +433,7 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
         evidence=evidence,
         estimate=(f"evening out the ranks recovers up to {_ms(cost)} per step: the blocking "
                   f"wait rank {s} causes, as the mean over the ranks that wait"),
-        recoverable_us=cost, knobs=knobs, advice=advice,
+        recoverable_us=cost, mechanisms=mechanisms,
     )
 
 
@@ -461,8 +479,7 @@ def rule_small_messages(facts: JobFacts) -> Finding | None:
             estimate=(f"the small messages' bytes sent at the large-message bandwidth take "
                       f"{_ms(fused_us)}; counting only their exposed share, up to "
                       f"{_ms(recoverable)} per step"),
-            recoverable_us=recoverable, knobs=_remedies(facts, FEWER_MESSAGES)[0],
-            advice=_remedies(facts, FEWER_MESSAGES)[1],
+            recoverable_us=recoverable, mechanisms=(FEWER_MESSAGES,),
         )
         if best is None or found.recoverable_us_per_step > best.recoverable_us_per_step:
             best = found
@@ -483,8 +500,7 @@ def rule_exposed_h2d(facts: JobFacts) -> Finding | None:
                   f"({_pct(exposed, step):.1f}% of a {_ms(step)} step)"],
         estimate=(f"copying the next batch while this one computes hides up to {_ms(exposed)} "
                   f"per step"),
-        recoverable_us=exposed, knobs=_remedies(facts, H2D)[0],
-        advice=_remedies(facts, H2D)[1],
+        recoverable_us=exposed, mechanisms=(H2D,),
     )
 
 
@@ -502,12 +518,12 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     cpu = facts.device_kind == "cpu"
     launch_words = "host overhead between ops" if cpu else "host-bound launch"
     if data >= launch:
-        knobs, advice = _remedies(facts, DATA)
+        mechanisms = (DATA,)
         title = "Device idle, waiting for input data"
         headline = (f"the {'main thread' if cpu else 'device'} idles {_pct(host, step):.0f}% of "
                     f"the step ({_ms(host)} per step) waiting for input data")
     else:
-        knobs, advice = _remedies(facts, LAUNCH)
+        mechanisms = (LAUNCH,)
         if cpu:
             title = "Host overhead between ops"
             headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
@@ -523,7 +539,7 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
             if us > 0) + f" (all idle: {_ms(facts.mean('idle_us'))})"],
         estimate=(f"{'feeding the steps' if data >= launch else 'cutting that overhead'} "
                   f"recovers up to {_ms(host)} per step"),
-        recoverable_us=host, knobs=knobs, advice=advice,
+        recoverable_us=host, mechanisms=mechanisms,
     )
 
 
@@ -682,4 +698,6 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         exposed_by_kind=dict(job.exposed_comm_us_per_step_by_kind),
         exposed_embedding_by_purpose=exposed_by_purpose,
         nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
+        run_dir=job.run.run_dir if job.run else None,
+        has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
     )

@@ -12,22 +12,32 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from recprof.analysis.model import JobAnalysis
 from recprof.errors import RecprofError
 from recprof.mirror.calibrate import Try, calibrate
 from recprof.mirror.derive import Mirror, derive
 from recprof.report.command import load_result
 
 
-def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
-    """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
-    `paths`; shared by `recprof mirror` and `recprof tune --like`."""
+def _one_job(paths: list[Path]) -> JobAnalysis:
     result = load_result(paths)
     if result.errors and not result.jobs:
         raise RecprofError(f"{paths[0]}: {result.errors[0]}")
     if len(result.jobs) != 1:
         ids = ", ".join(j.id for j in result.jobs) or "none"
         raise RecprofError(f"{paths[0]}: mirror needs one job, found {len(result.jobs)} ({ids})")
-    job = result.jobs[0]
+    return result.jobs[0]
+
+
+def derive_only(paths: list[Path]) -> Mirror:
+    """The mirror of the one job in `paths`, without calibration runs."""
+    return derive(_one_job(paths))
+
+
+def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
+    """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
+    `paths`; shared by `recprof mirror` and `recprof tune --like`."""
+    job = _one_job(paths)
     mirror = derive(job)
     if calibrate_runs:
         world = job.world_size or len(job.ranks)

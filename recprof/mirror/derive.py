@@ -54,6 +54,7 @@ class Mirror:
     `defaults` lists the keys the capture could not give and why."""
 
     job_id: str
+    world_size: int
     values: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)
     defaults: dict[str, str] = field(default_factory=dict)
@@ -141,7 +142,7 @@ def derive(job: JobAnalysis) -> Mirror:
         raise RecprofError(f"job {job.id}: the trace records no aten::linear input shapes, so "
                            "the batch and dense widths are unknown; capture with shapes "
                            "(recprof capture records them) or set them by hand")
-    mirror = Mirror(job.id, dict(TrainConfig().to_dict()))
+    mirror = Mirror(job.id, world, dict(TrainConfig().to_dict()))
     for key in ("steps", "warmup_steps", "vocab_size", "zipf_alpha", "num_tables",
                 "num_embeddings", "sharding", "dense_optimizer"):
         mirror.defaults[key] = f"{mirror.values[key]!r} (the trace does not show it)"
@@ -163,8 +164,9 @@ def _derive_model(mirror: Mirror, job: JobAnalysis, world: int, shapes: list[Ran
     mirror.set("num_dense", linears[0].width_in, "the first dense layer's input width")
     bags = [b for s in shapes for b in s.embedding_bags]
     tbes = [t for s in shapes for t in s.table_batches]
-    dim = most_common([b[1] for b in bags]) if bags else None
-    if dim is None and tbes:
+    lookups = [e for s in shapes for e in s.embeddings]
+    dim = most_common([b[1] for b in bags] + [e[1] for e in lookups])
+    if dim is None:
         dim = _bottom_out(linears)
     bottom, top = _split_chain(linears, dim)
     if dim is None and bottom:
@@ -173,7 +175,7 @@ def _derive_model(mirror: Mirror, job: JobAnalysis, world: int, shapes: list[Ran
         raise RecprofError(f"job {job.id}: no embedding lookup shapes in the trace, so the "
                            "embedding width is unknown")
     mirror.set("embedding_dim", dim, "embedding lookup weights' width"
-               if bags else "the bottom MLP's output (the interaction's vector width)")
+               if bags or lookups else "the bottom MLP's output (the interaction's vector width)")
     mirror.set("bottom_mlp", [layer.width_out for layer in bottom[:-1]],
                f"dense layers {_widths(bottom)} up to the embedding width")
     if top:

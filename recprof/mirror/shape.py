@@ -9,6 +9,7 @@ examples/ddp_sharded_embedding.py):
   flat weights, `D_offsets` (tables on this rank + 1), indices and offsets (`tables x batch + 1`):
   the tables a rank owns, the batch they are looked up for, the mean pooling factor, and
   with the embedding dim the rows per table (assuming equal rows, as the flat size cannot say);
+- `aten::embedding`: weight `[rows, dim]`: the dim (pooling, if any, is done by later ops);
 - `aten::embedding_bag`: weight `[rows, dim]`, indices, offsets `[bags]`: dim and pooling (the
   rows are the table's only where the job looks up its own shard; the built-in trainer looks up
   a gathered block of unique rows).
@@ -61,6 +62,8 @@ class RankShape:
     table_batches: list[TableBatch] = field(default_factory=list)  # one step's lookups
     embedding_bags: list[tuple[int, int, int, int]] = field(default_factory=list)
     # (rows, dim, indices, bags) of one step's aten::embedding_bag calls
+    embeddings: list[tuple[int, int]] = field(default_factory=list)
+    # (rows, dim) of one step's aten::embedding calls (pooled, if at all, by later ops)
     fused_sparse_us: float = 0.0  # per step: TorchRec's sparse update inside the backward
 
 
@@ -132,6 +135,10 @@ def read_rank_shape(path: Path) -> RankShape:
             batch = _table_batch(dims)
             if batch is not None:
                 shape.table_batches.append(batch)
+        elif name == "aten::embedding":
+            w = _shape(dims, 0)
+            if w and len(w) == 2:
+                shape.embeddings.append((w[0], w[1]))
         elif name == "aten::embedding_bag":
             w, idx, off = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
             if w and len(w) == 2 and idx and off:

@@ -6,6 +6,7 @@ Each test runs a real job under capture and checks what lands in the run folder.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -116,7 +117,9 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
                         ("all_to_all", "unknown")}
     for finding in job.findings:
         assert set(finding.knobs) <= knobs_of("ddp"), finding.knobs
-        assert not finding.commands
+        # the only command a foreign job gets: tune a mirror of it (tests/mirror runs one)
+        assert all(re.fullmatch(rf"recprof tune --like {re.escape(str(out))} --trials \d+", c)
+                   for c in finding.commands), finding.commands
 
 
 def test_work_on_helper_threads_is_recorded(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def _check(found: Finding | None, facts: JobFacts) -> Finding:
     assert 0 < found.recoverable_us_per_step <= facts.step_us
     assert set(found.knobs) <= knobs_of(facts.framework)  # in the job's own terms
     assert not set(found.knobs) & TRAINER_ONLY
-    assert found.tune_command is None  # recprof tune runs only the built-in trainer's jobs
+    assert found.tune_command is None  # bare traces: no run folder to mirror, no trainer config
     return found
 
 

@@ -1,0 +1,54 @@
+"""A foreign job's findings point to `recprof tune --like RUN`, and that command runs as
+printed: it mirrors the capture, tunes the mirror, and the tuning report says which job."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recprof.analysis import load_analysis_json
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "ddp_sharded_embedding.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_ddp_job_findings_tune_a_mirror_as_printed(tmp_path: Path) -> None:
+    run = tmp_path / "ddp"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--out", str(run), "--wait", "2",
+         "--warmup", "1", "--active", "3", "--", sys.executable, "-m", "torch.distributed.run",
+         "--standalone", "--nproc_per_node", "2", str(EXAMPLE), "--steps", "8",
+         "--num-rows", "20000", "--batch-size", "128"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (job,) = load_analysis_json(run / "analysis.json").jobs
+    commands = [c for f in job.findings for c in f.commands]
+    assert commands, [f.id for f in job.findings]
+    printed = commands[0]
+    assert printed.startswith(f"recprof tune --like {run} ")
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "tune"
+    tune = subprocess.run(
+        [sys.executable, "-m", *shlex.split(printed), "--trials", "1", "--capture", "off",
+         "--no-progress", "--out", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=elsewhere, env=ENV)
+    assert tune.returncode == 0, tune.stderr[-3000:]
+    mirror = out / "mirror.yaml"
+    header = [ln for ln in mirror.read_text().splitlines() if ln.startswith("#")]
+    assert header[0] == f"# recprof mirror of job {job.id} ({run})"
+    values = yaml.safe_load(mirror.read_text())
+    assert values["batch_size"] == 256 and values["num_dense"] == 13
+    assert any("calibrated in" in ln for ln in header), header  # DDP's dense is not DLRM's
+    html = (out / "tuning_report.html").read_text()
+    assert f"mirrors job {job.id}" in html
