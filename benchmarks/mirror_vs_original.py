@@ -1,0 +1,93 @@
+"""The job mirror against the job it mirrors: step, dense forward+backward, embedding exchange
+bytes and all-to-alls per step and rank, side by side with their ratios, in one run.
+
+Captures the original job (TorchRec's golden DLRM from ../shared/jobs, or
+examples/ddp_sharded_embedding.py), derives `recprof mirror` of it (calibrating the dense
+widths where the job's architecture is not the trainer's), captures the built-in trainer on the
+mirror config at the same world size and the same recorded steps, and prints both.
+Goals (issue "job mirror"): bytes within 10%, dense time within 15%, step within 20%.
+
+    python benchmarks/mirror_vs_original.py --job golden   # ~15 GB of RAM while each runs
+    python benchmarks/mirror_vs_original.py --job ddp
+
+Timing on a shared machine is only as good as its quiet: run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from recprof import terminal
+from recprof.analysis import analyze_paths
+from recprof.mirror.command import build_mirror
+from recprof.mirror.derive import JobFootprint, footprint
+from recprof.mirror.shape import read_rank_shape
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RECPROF_SHARED", REPO.parent / "shared"))
+JOBS = {
+    "golden": [str(SHARED / "jobs" / "torchrec_golden_training" / "train_dlrm.py")],
+    "ddp": [str(REPO / "examples" / "ddp_sharded_embedding.py"), "--steps", "60"],
+}
+WINDOW = ["--wait", "20", "--warmup", "2", "--active", "5"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def capture(out: Path, world: int, job: list[str]) -> None:
+    cmd = [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--no-report",
+           *WINDOW, "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc_per_node", str(world), *job]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1200)
+    if not (out / "traces").is_dir() or not any((out / "traces").iterdir()):
+        sys.exit(f"capture of {' '.join(job)} wrote no trace (exit {proc.returncode}):\n"
+                 + proc.stderr[-2000:])
+
+
+def measured(run: Path) -> JobFootprint:
+    job = analyze_paths([run / "traces"]).jobs[0]
+    return footprint(job, [read_rank_shape(Path(r.file)) for r in job.ranks])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", choices=sorted(JOBS), default="ddp")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--calibrate", type=int, default=4)
+    parser.add_argument("--keep", type=Path, help="keep the run folders here")
+    args = parser.parse_args()
+    console = Console(stderr=True)
+    work = args.keep or Path(tempfile.mkdtemp(prefix="mirror-bench-"))
+    console.print(f"capturing the original ({args.job}) into {work / 'original'}")
+    capture(work / "original", args.world, JOBS[args.job])
+    mirror = build_mirror([work / "original"], args.calibrate, console)
+    config = work / "mirror.yaml"
+    config.write_text(mirror.to_yaml(str(work / "original")))
+    console.print(f"capturing the mirror ({config})")
+    capture(work / "mirror", args.world, ["-m", "recprof.nestpipe", "--config", str(config),
+                                          "--set", "steps=40", "--set", "warmup_steps=5",
+                                          "--out", str(work / "mirror" / "trainer")])
+    original, copy = measured(work / "original"), measured(work / "mirror")
+    table = terminal.table(("per step and rank", "original", "mirror", "ratio"),
+                           left=("per step and rank",))
+    for label, a, b, fmt in (
+            ("step ms", original.step_us / 1e3, copy.step_us / 1e3, "{:.2f}"),
+            ("dense fwd+bwd ms", original.dense_us / 1e3, copy.dense_us / 1e3, "{:.2f}"),
+            ("exchange bytes", original.exchange_bytes, copy.exchange_bytes, "{:,.0f}"),
+            ("all-to-alls", original.all_to_alls, copy.all_to_alls, "{:g}")):
+        table.add_row(label, fmt.format(a), fmt.format(b), f"{b / a:.2f}x" if a else "n/a")
+    terminal.print_table(Console(), table, (
+        f"{args.job} on {args.world} ranks; dense fwd+bwd excludes TorchRec's fused sparse "
+        f"update ({original.fused_sparse_us / 1e3:.2f} ms); runs kept in {work}"))
+    for line in mirror.notes:
+        Console().print(line, highlight=False)
+
+
+if __name__ == "__main__":
+    main()
