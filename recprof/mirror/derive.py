@@ -23,11 +23,6 @@ from recprof.errors import RecprofError
 from recprof.mirror.shape import Linear, RankShape, most_common, read_rank_shape
 from recprof.nestpipe.config import TrainConfig, validate
 
-#: Purposes whose bytes are the embedding exchange the mirror must reproduce.
-EXCHANGE_PURPOSES = ("key_routing", "kjt_splits", "kjt_lengths", "kjt_values",
-                     "pooled_embeddings_fwd", "embedding_rows_fwd", "embedding_grads_bwd",
-                     "hsp_embedding_grads", "prefetch", "dbp_refresh")
-
 
 @dataclass
 class JobFootprint:
@@ -36,7 +31,9 @@ class JobFootprint:
     step_us: float
     dense_us: float  # dense_forward + dense_backward stages less a fused sparse update
     fused_sparse_us: float  # TorchRec's sparse update inside its backward, taken out above
-    exchange_bytes: float  # all-to-all bytes per step and rank, embedding purposes
+    # All-to-all bytes per step and rank, whatever they carry: in a sharded-embedding job every
+    # all-to-all is part of the exchange, and a hand-written one's purpose is often "unknown".
+    exchange_bytes: float
     all_to_alls: float  # all-to-all calls per step and rank
 
     def lines(self) -> list[str]:
@@ -112,8 +109,7 @@ def dense_us(job: JobAnalysis) -> float:
 
 def footprint(job: JobAnalysis, shapes: list[RankShape]) -> JobFootprint:
     fused = sum(s.fused_sparse_us for s in shapes) / max(len(shapes), 1)
-    exchange = [c for c in job.collectives
-                if c.kind == "all_to_all" and c.purpose in EXCHANGE_PURPOSES]
+    exchange = [c for c in job.collectives if c.kind == "all_to_all"]
     return JobFootprint(
         step_us=job.per_step.step, dense_us=max(dense_us(job) - fused, 0.0),
         fused_sparse_us=fused,
