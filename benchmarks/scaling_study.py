@@ -36,9 +36,10 @@ from recprof.nestpipe.knobs import KNOBS, JobShape, problems
 
 #: The value each knob is tried at when a finding names it (a finding names knobs, not
 #: values; these are the first step away from the baseline that `recprof tune` would try).
+#: fuse_tables is absent: the findings name it to fuse, which the baseline already does.
 STUDY_VALUES: dict[str, Any] = {
     "micro_batches": 4, "dbp": True, "qcomms": "bf16", "reshape": 2, "clustering": True,
-    "sharding": "table", "fuse_tables": True,
+    "sharding": "table",
 }
 
 
@@ -60,13 +61,15 @@ def _check(results: list[subprocess.CompletedProcess], what: str) -> None:
 
 def recommended_knobs(run_dir: Path, nodes: int, shape: JobShape) -> list[tuple[str, Any]]:
     """The registry knobs the run's findings name, in the findings' order, each at its study
-    value (HSP: one group per node), leaving out values invalid on this job shape."""
+    value (HSP: one group per node), leaving out values invalid on this job shape and knobs
+    the run already has at that value."""
     job = load_run(run_dir).job
     values = {**STUDY_VALUES, "hsp_groups": nodes}
     chosen: list[tuple[str, Any]] = []
     for finding in job.findings:
         for knob in finding.knobs:
             if (knob in KNOBS and knob in values and knob not in dict(chosen)
+                    and values[knob] != KNOBS[knob].baseline
                     and not problems({knob: values[knob]}, shape)):
                 chosen.append((knob, values[knob]))
     return chosen

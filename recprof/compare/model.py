@@ -292,8 +292,9 @@ def _going(first: Run, last: Run) -> str:
 
 def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDelta],
              collectives: list[CollectiveDelta]) -> str:
-    """The step's change, then what grew most: a collective purpose (with its bandwidth) when
-    one grew more than any stage's exposed part, else the stage."""
+    """The step's change from the first run to the last, then what moved most the same way
+    (grew when the step grew, shrank when it shrank): a collective purpose, with its bus
+    bandwidth, when it moved at least as much as any stage, else the stage."""
     if len(runs) < 2:
         return "One run: nothing to compare."
     first, last = runs[0], runs[-1]
@@ -306,20 +307,22 @@ def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDel
         text = f"Step time {moved} from {ms(a.step_us)} to {ms(b.step_us)} {_going(first, last)}"
     if b.scaling_factor is not None and first.world_size != last.world_size:
         text += f" (scaling factor {b.scaling_factor:.2f}x, efficiency {b.efficiency:.0%})"
-    grown_c = max(collectives, key=lambda d: d.delta_us, default=None)
-    grown_s = max(stages, key=lambda d: d.delta_us, default=None)
-    if grown_c is not None and grown_c.delta_us > 0 and (
-            grown_s is None or grown_c.delta_us >= grown_s.delta_us):
-        x, y = grown_c.runs[0], grown_c.runs[-1]
-        text += (f"; {grown_c.purpose} {grown_c.kind.replace('_', '-')} grew most, from "
+    sign = -1.0 if b.step_us < a.step_us else 1.0
+    coll = max(collectives, key=lambda d: sign * d.delta_us, default=None)
+    stage = max(stages, key=lambda d: sign * d.delta_us, default=None)
+    verb = "shrank" if sign < 0 else "grew"
+    if coll is not None and sign * coll.delta_us > 0 and (
+            stage is None or sign * coll.delta_us >= sign * stage.delta_us):
+        x, y = coll.runs[0], coll.runs[-1]
+        text += (f"; {coll.purpose} {coll.kind.replace('_', '-')} {verb} most, from "
                  f"{ms(x.time_us)} to {ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → "
                  f"{ms(y.exposed_us)})")
-        if grown_c.busbw_ratio is not None and grown_c.busbw_ratio > 0:
-            r = grown_c.busbw_ratio
+        if coll.busbw_ratio is not None and coll.busbw_ratio > 0:
+            r = coll.busbw_ratio
             text += (f"; busbw fell {1 / r:.1f}x" if r < 1 else f"; busbw rose {r:.1f}x")
-    elif grown_s is not None and grown_s.delta_us > 0:
-        x, y = grown_s.runs[0], grown_s.runs[-1]
-        text += (f"; stage {grown_s.stage} grew most, from {ms(x.time_us)} to "
+    elif stage is not None and sign * stage.delta_us > 0:
+        x, y = stage.runs[0], stage.runs[-1]
+        text += (f"; stage {stage.stage} {verb} most, from {ms(x.time_us)} to "
                  f"{ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → {ms(y.exposed_us)})")
     text += "."
     if len(runs) > 2 and all(s.throughput is not None for s in summaries):
