@@ -160,7 +160,9 @@ class Tuner:
             sampler=sampler,
             load_if_exists=True,
         )
-        self.workers = Workers(self.study, self.storage.storage, settings.trial_timeout)
+        self.workers = Workers(
+            self.study, self.storage.storage, settings.trial_timeout, on_stale=self._lost_trial
+        )
         self._check_job()
         if settings.capture == "auto":
             self.capture = capture_available()
@@ -187,6 +189,13 @@ class Tuner:
 
     def _trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
+
+    def _lost_trial(self, trial: FrozenTrial) -> None:
+        """Say that another worker's trial was found without heartbeats, and what follows."""
+        self.console.print(
+            f"trial {trial.number}: {escape(TrialRecord.load(trial).reason or '')}",
+            highlight=False,
+        )
 
     def _warn_shared_sqlite(self) -> None:
         """Say once that several workers write one SQLite file: it works one writer at a time

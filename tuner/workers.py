@@ -57,6 +57,8 @@ class Workers:
     storage: BaseStorage
     trial_timeout: float
     me: str = field(default_factory=worker_id)
+    #: Told of each trial found without heartbeats (the tuner prints a line).
+    on_stale: Callable[[FrozenTrial], None] = lambda trial: None
 
     def _trials(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False)
@@ -78,13 +80,24 @@ class Workers:
             return self.study.ask()
 
     def fail_stale(self) -> None:
-        """Fail running trials that missed their heartbeats; Optuna's stale-trial callback
-        (`tuner.storage`) queues each again. A no-op without heartbeats."""
+        """Fail other workers' running trials that missed their heartbeats; Optuna's
+        stale-trial callback (`tuner.storage`) queues each again, and `on_stale` is told of
+        each (whichever worker failed it). A no-op without heartbeats."""
         if self.heartbeat_s is None:
+            return
+        running = {
+            t.number for t in self._trials()
+            if t.state == TrialState.RUNNING and TrialRecord.load(t).worker != self.me
+        }  # fmt: skip
+        if not running:  # this worker's own trials beat: only others' can be stale
             return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
+        for t in self._trials():
+            # Failed without a stored status: by a heartbeat check, not by its worker.
+            if t.number in running and t.state == TrialState.FAIL and "status" not in t.user_attrs:
+                self.on_stale(t)
 
     @contextlib.contextmanager
     def beating(self, trial: Trial) -> Iterator[None]:

@@ -195,6 +195,8 @@ def test_a_worker_killed_mid_trial_is_retried_by_heartbeat_on_postgres(
     recommended = yaml.safe_load((out_dir / "recommended.yaml").read_text())
     assert recommended == BASE_CONFIG | {"sleep_s": 2.0} | best_rec.knobs
     assert SHARED_SQLITE not in err
+    said = " ".join(err.split())  # the survivor says what it found
+    assert f"trial {killed.number}: {rec.reason}" in said
     assert f"best (trial {ran_best})" in out  # the printed summary names the same trial
     assert _children(survivor.pid) == []
 

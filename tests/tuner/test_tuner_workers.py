@@ -101,8 +101,10 @@ def test_a_beating_trial_outlives_the_grace_period_and_a_silent_one_is_failed_an
 ) -> None:
     spec = resolve_storage(f"sqlite:///{tmp_path / 's.db'}", tmp_path, heartbeat_s=1)
     study = optuna.create_study(storage=spec.storage, direction="maximize")
-    w = Workers(study, spec.storage, trial_timeout=30)
+    lost: list[int] = []
+    w = Workers(study, spec.storage, trial_timeout=30, on_stale=lambda t: lost.append(t.number))
     live, silent = w.ask(), w.ask()
+    TrialRecord(worker=w.me).save(live)
     silent.suggest_categorical("x", [1, 2])
     spec.storage.record_heartbeat(silent._trial_id)  # its worker beat once, then died
     with w.beating(live):
@@ -113,4 +115,5 @@ def test_a_beating_trial_outlives_the_grace_period_and_a_silent_one_is_failed_an
     retry = study.get_trials()[2]
     assert retry.params == silent.params and retry.system_attrs["failed_trial"] == silent.number
     assert TrialRecord.load(study.get_trials()[1]).status == Status.ABANDONED
+    assert lost == [silent.number]
     assert w.heartbeat_s == 1 and _workers().heartbeat_s is None  # in-memory: no heartbeats
