@@ -61,6 +61,9 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--calibrate", type=int, default=4)
     parser.add_argument("--keep", type=Path, help="keep the run folders here")
+    parser.add_argument("--mirror-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a mirror key for its run (e.g. num_embeddings=100000 "
+                             "when the job's tables do not fit this machine twice)")
     args = parser.parse_args()
     console = Console(stderr=True)
     work = args.keep or Path(tempfile.mkdtemp(prefix="mirror-bench-"))
@@ -72,6 +75,7 @@ def main() -> None:
     console.print(f"capturing the mirror ({config})")
     capture(work / "mirror", args.world, ["-m", "recprof.nestpipe", "--config", str(config),
                                           "--set", "steps=40", "--set", "warmup_steps=5",
+                                          *(a for kv in args.mirror_set for a in ("--set", kv)),
                                           "--out", str(work / "mirror" / "trainer")])
     original, copy = measured(work / "original"), measured(work / "mirror")
     table = terminal.table(("per step and rank", "original", "mirror", "ratio"),
@@ -82,9 +86,10 @@ def main() -> None:
             ("exchange bytes", original.exchange_bytes, copy.exchange_bytes, "{:,.0f}"),
             ("all-to-alls", original.all_to_alls, copy.all_to_alls, "{:g}")):
         table.add_row(label, fmt.format(a), fmt.format(b), f"{b / a:.2f}x" if a else "n/a")
+    overrides = f"; mirror run with {', '.join(args.mirror_set)}" if args.mirror_set else ""
     terminal.print_table(Console(), table, (
         f"{args.job} on {args.world} ranks; dense fwd+bwd excludes TorchRec's fused sparse "
-        f"update ({original.fused_sparse_us / 1e3:.2f} ms); runs kept in {work}"))
+        f"update ({original.fused_sparse_us / 1e3:.2f} ms){overrides}; runs kept in {work}"))
     for line in mirror.notes:
         Console().print(line, highlight=False)
 
