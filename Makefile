@@ -12,6 +12,10 @@ setup:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "chromium not installed: browser tests will skip"; }
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ [ "$$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq postgresql >/dev/null) || \
+		echo "postgresql not installed: the tuner's PostgreSQL test will skip"; }
 
 # A 2-rank CPU run of the built-in trainer under capture; prints the report's path at the end.
 demo: setup
