@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -96,6 +97,19 @@ def _is_torch_launcher() -> bool:
     return len(argv) > 1 and os.path.basename(argv[1]) == "torchrun"
 
 
+def _torch_optimizer_exists() -> bool:
+    """Whether the job has built a torch optimizer yet: asked once, at its first forward.
+
+    torch keeps no registry of optimizers, so this walks the objects the garbage collector
+    tracks (optimizers are among them); measured once per rank at start-up, not per step.
+    """
+    optim = sys.modules.get("torch.optim")
+    if optim is None:
+        return False
+    optimizer = optim.Optimizer
+    return any(isinstance(o, optimizer) for o in gc.get_objects())
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Calls `callback(module)` right after a top-level module finishes executing, so the hooks
     go in when the job imports torch, not earlier."""
@@ -147,6 +161,7 @@ class RankCapture:
             on_boundary=self.window.at_boundary,
             phase_of=self.window.phase_of,
             on_source=self.meta.set_step_source,
+            optimizer_exists=_torch_optimizer_exists,
         )
         self.closed = False
         self.exit: dict[str, Any] | None = None

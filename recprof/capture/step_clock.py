@@ -3,7 +3,13 @@
 Boundaries come from safe main-thread points only (field notes: a timer thread records nothing
 useful, SIGALRM crashed a rank): the global optimizer step post-hook, or, for jobs with no torch
 optimizer, a global forward pre-hook on the first module called (the outermost one), or the
-user's own `recprof.step()`. Each boundary ends the running step, writes its line to
+user's own `recprof.step()`. A job that has built an optimizer by its first forward steps it
+later, possibly after several forwards (gradient accumulation, micro-batches): its first forward
+starts step 0 and its other forwards are not steps, or the first optimizer step would end with
+N-1 extra boundaries and the profiled window would land on start-up. Only if such a job runs
+`FORWARD_PATIENCE` forwards without ever stepping (an evaluation loop that keeps an optimizer
+around) do its forwards become steps.
+Each boundary ends the running step, writes its line to
 steps/<rank>.jsonl, and hands the new step number to the profiler window, whose time is logged
 as the step's `hook_s`.
 """
@@ -27,13 +33,18 @@ class Handle(Protocol):
 
 Registrar = Callable[[Callable[..., None]], Handle]
 
+#: Forwards of the outermost module, in a job that has an optimizer, after which the forward
+#: fallback is taken all the same (the optimizer never steps).
+FORWARD_PATIENCE = 256
+
 
 class StepClock:
     """Turns optimizer steps, outermost forwards or `recprof.step()` calls into numbered steps.
 
     `on_boundary(step)` runs at each boundary with the number of the step that starts (0 at the
     first) and must not raise; `phase_of(step)` names a finished step's phase for its log line;
-    `on_source(source)` is told when the step source is chosen or changes.
+    `on_source(source)` is told when the step source is chosen or changes;
+    `optimizer_exists()` is asked once, at the first forward, whether the job built one.
     """
 
     def __init__(
@@ -42,11 +53,15 @@ class StepClock:
         on_boundary: Callable[[int], None],
         phase_of: Callable[[int], Phase],
         on_source: Callable[[StepSource], None],
+        optimizer_exists: Callable[[], bool] = lambda: False,
     ) -> None:
         self.log = log_path.open("a", buffering=1)
         self.on_boundary = on_boundary
         self.phase_of = phase_of
         self.on_source = on_source
+        self._optimizer_exists = optimizer_exists
+        self._awaiting_optimizer = False  # an optimizer existed at the first forward
+        self._forwards_waited = 0
         self.source: StepSource | None = None
         self.step = -1  # the step now running; -1 before the first boundary
         self._t_last = 0.0
@@ -88,10 +103,19 @@ class StepClock:
     def forward_called(self, module: Any, args: Any) -> None:
         """Fallback for jobs without a torch optimizer: a step starts at each call of the first
         module ever called, which is the outermost one (DDP's wrapper, not its inner model)."""
+        if self.source not in (None, StepSource.FORWARD):
+            return  # a call already under way when another source took over
         if self._key_module is None:
             self._key_module = weakref.ref(module)
+            self._awaiting_optimizer = self._optimizer_exists()
         elif self._key_module() is not module:
             return
+        if self.source is None and self._awaiting_optimizer:
+            self._forwards_waited += 1
+            if self._forwards_waited < FORWARD_PATIENCE:
+                if self.step < 0:
+                    self._boundary()  # step 0 starts here, as it would for any job
+                return  # its optimizer steps will be the next boundaries
         if self.source is None:
             self._set_source(StepSource.FORWARD)
         self._boundary()

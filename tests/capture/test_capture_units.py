@@ -16,7 +16,7 @@ from recprof.capture import layout, torchrun_record
 from recprof.capture.launcher import INJECT_DIR, JobResult
 from recprof.capture.layout import Phase, Schedule, StepSource
 from recprof.capture.manifest import build_manifest
-from recprof.capture.step_clock import StepClock
+from recprof.capture.step_clock import FORWARD_PATIENCE, StepClock
 from recprof.cli import app
 from recprof.errors import RecprofError
 
@@ -182,3 +182,35 @@ def test_step_source_rules(tmp_path: Path) -> None:
     log = layout.read_step_log(tmp_path, 0)
     assert [r.step for r in log] == list(range(len(boundaries) - 1))
     assert all(r.phase == Phase.WAIT and r.wall_s >= r.hook_s >= 0 for r in log)
+
+
+def test_forwards_of_a_job_with_an_optimizer_are_not_steps(tmp_path: Path) -> None:
+    """Gradient accumulation / micro-batches: 4 forwards per optimizer step. With an optimizer
+    built before the first forward, each optimizer step is one boundary and no forward is; a
+    job whose optimizer never steps falls back to forwards after FORWARD_PATIENCE of them."""
+    (tmp_path / layout.STEPS).mkdir()
+    boundaries: list[int] = []
+    clock = StepClock(layout.steps_path(tmp_path, 0), on_boundary=boundaries.append,
+                      phase_of=lambda step: Phase.WAIT, on_source=lambda source: None,
+                      optimizer_exists=lambda: True)
+    clock.attach(lambda hook: _Handle(), lambda hook: _Handle())
+    model, optimizer = _Thing(), _Thing()
+    for _ in range(3):
+        for _ in range(4):
+            clock.forward_called(model, ())
+        clock.optimizer_stepped(optimizer, (), {})
+    # the first forward starts step 0; each optimizer step ends one
+    assert boundaries == [0, 1, 2, 3] and clock.source == StepSource.OPTIMIZER
+
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / layout.STEPS).mkdir()
+    evaluation: list[int] = []
+    idle = StepClock(layout.steps_path(tmp_path / "eval", 0), on_boundary=evaluation.append,
+                     phase_of=lambda step: Phase.WAIT, on_source=lambda source: None,
+                     optimizer_exists=lambda: True)
+    idle.attach(lambda hook: _Handle(), lambda hook: _Handle())
+    for _ in range(FORWARD_PATIENCE + 2):
+        idle.forward_called(model, ())
+    assert evaluation == [0, 1, 2, 3] and idle.source == StepSource.FORWARD
+    clock.close()
+    idle.close()
