@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from recprof import units
 from recprof.report.figures import Figure
-from recprof.report.render import render_page
+from recprof.report.render import render_page, write_page
 from recprof.report.sections import (
     Block,
     Cell,
@@ -296,6 +296,4 @@ def write_tuning_report(
     mirrors = StudyRecord.load(study).mirrors
     subtitle = (f"mirrors {mirrors} · " if mirrors else "") + f"storage {storage_url}"
     html = render_page(f"recprof tune · {study.study_name}", subtitle, [part])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html, encoding="utf-8")
-    return path
+    return write_page(path, html, "tuning report")

@@ -17,10 +17,9 @@ from rich.table import Table as RichTable
 from recprof import units
 from recprof.analysis.frameworks import DISPLAY_NAMES
 from recprof.compare.model import CollectiveRun, Comparison, RunSummary
-from recprof.errors import RecprofError
 from recprof.report.figures.bars import BAR_PARTS, bar_parts
 from recprof.report.figures.style import COLORS, Figure, layout, ms
-from recprof.report.render import render_page
+from recprof.report.render import render_page, write_page
 from recprof.report.safe import plot_text
 from recprof.report.sections import (
     Bullets,
@@ -182,12 +181,7 @@ def write_html(c: Comparison, out: Path, cdn: bool = False) -> Path:
     labels = " vs ".join(r.label for r in c.runs[:4])
     html = render_page(f"recprof compare · {labels}",
                        " · ".join(r.source for r in c.runs), [compare_part(c)], cdn)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        raise RecprofError(f"{out}: cannot write the comparison ({exc.strerror or exc})") from None
-    return out
+    return write_page(out, html, "comparison")
 
 
 # --- terminal ------------------------------------------------------------------------------------

@@ -132,10 +132,14 @@ def write_report(result: AnalysisResult, out: Path | None = None, cdn: bool = Fa
                  source: str = "") -> Path:
     """Render `result` and write it to `out` (default `reports/<job>.html`); return the path."""
     path = Path(out) if out is not None else default_report_path(result)
-    html = render_report(result, cdn=cdn, source=source)
+    return write_page(path, render_report(result, cdn=cdn, source=source), "report")
+
+
+def write_page(path: Path, html: str, what: str) -> Path:
+    """Write a rendered page (its folder made if needed); a failure is one line naming it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html, encoding="utf-8")
     except OSError as exc:
-        raise RecprofError(f"{path}: cannot write report ({exc.strerror or exc})") from None
+        raise RecprofError(f"{path}: cannot write the {what} ({exc.strerror or exc})") from None
     return path

@@ -236,14 +236,12 @@ def test_crash_on_one_rank_keeps_what_was_written(tmp_path: Path) -> None:
     assert not [m["pid"] for m in (meta(out, 0), crashed) if alive(m["pid"])]
 
 
-def test_a_rank_killed_inside_the_window_loses_only_its_own_trace(tmp_path: Path) -> None:
-    """SIGKILL on rank 1 while both ranks record (the out-of-memory killer, a scheduler): rank 1
-    can save nothing; rank 0's next collective fails and it saves its partial trace, although
-    torchrun's SIGTERM for the survivors lands while it writes; the manifest names rank 1 and
-    the signal (torchrun's record), and the report is made from rank 0's trace."""
-    out = tmp_path / "run"
+def _start_inside_the_window(out: Path, report: bool
+                             ) -> tuple[list[str], subprocess.Popen[str]]:
+    """Start a 2-rank job under capture with a long window and return once both ranks record
+    (a few steps in): the moment for a kill or a Ctrl-C."""
     cmd = capture_cmd(out, (2, 1, 200), *TORCHRUN, "2", str(TINY_JOB), "--steps", "400",
-                      "--step-sleep", "0.02", report=True)
+                      "--step-sleep", "0.02", report=report)
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=JOB_ENV, cwd=REPO_ROOT
     )
@@ -254,6 +252,16 @@ def test_a_rank_killed_inside_the_window_loses_only_its_own_trace(tmp_path: Path
             break
         time.sleep(0.2)
     time.sleep(0.5)  # a few recorded steps
+    return cmd, proc
+
+
+def test_a_rank_killed_inside_the_window_loses_only_its_own_trace(tmp_path: Path) -> None:
+    """SIGKILL on rank 1 while both ranks record (the out-of-memory killer, a scheduler): rank 1
+    can save nothing; rank 0's next collective fails and it saves its partial trace, although
+    torchrun's SIGTERM for the survivors lands while it writes; the manifest names rank 1 and
+    the signal (torchrun's record), and the report is made from rank 0's trace."""
+    out = tmp_path / "run"
+    cmd, proc = _start_inside_the_window(out, report=True)
     victim = meta(out, 1)["pid"]
     os.kill(victim, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=180)
@@ -388,19 +396,7 @@ def test_a_window_slower_than_the_run_is_called_out(tmp_path: Path) -> None:
 
 def test_ctrl_c_is_forwarded_and_leaves_no_orphans(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cmd = capture_cmd(
-        out, (2, 1, 200), *TORCHRUN, "2", str(TINY_JOB), "--steps", "400", "--step-sleep", "0.02"
-    )
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=JOB_ENV, cwd=REPO_ROOT
-    )
-    events = out / "events.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if events.exists() and events.read_text().count('"window"') == 2:
-            break
-        time.sleep(0.2)
-    time.sleep(0.5)  # a few recorded steps
+    cmd, proc = _start_inside_the_window(out, report=False)
     proc.send_signal(signal.SIGINT)  # what the terminal does on Ctrl-C
     stdout, stderr = proc.communicate(timeout=120)
     done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
