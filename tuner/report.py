@@ -37,6 +37,7 @@ from tuner import figures
 from tuner.figures import TrialRow, Unavailable
 from tuner.recommend import Recommendation, knobs_text
 from tuner.record import Role, StudyRecord, TrialRecord, baseline_of
+from tuner.storage import without_password
 
 Info = TypeVar("Info")
 
@@ -292,8 +293,9 @@ def write_tuning_report(
 ) -> Path:
     """Write the tuning report for the study as it stands now; returns the path."""
     start = path.parent.resolve()
-    part = tuning_part(study, rec, start, dashboard_arg)
+    part = tuning_part(study, rec, start, without_password(dashboard_arg))
     mirrors = StudyRecord.load(study).mirrors
-    subtitle = (f"mirrors {mirrors} · " if mirrors else "") + f"storage {storage_url}"
+    subtitle = ((f"mirrors {mirrors} · " if mirrors else "")
+                + f"storage {without_password(storage_url)}")
     html = render_page(f"recprof tune · {study.study_name}", subtitle, [part])
     return write_page(path, html, "tuning report")

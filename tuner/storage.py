@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+import sqlalchemy.engine
 import sqlalchemy.exc
 from optuna.storages import (
     BaseStorage,
@@ -44,6 +45,14 @@ STALE_AFTER_BEATS = 3
 #: Times a stale trial's config is queued again; one that keeps losing its worker then stands
 #: as failed rather than taking worker after worker down.
 MAX_RETRY = 2
+
+
+def without_password(url: str) -> str:
+    """`url` with any password shown as ***: what a report that may be shared can print."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return url  # not a database URL (journal:PATH): nothing secret in it
 
 
 @dataclass(frozen=True)

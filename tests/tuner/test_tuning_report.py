@@ -171,3 +171,15 @@ def test_a_hostile_tuning_report_is_inert_and_reads_literally(hostile_study: Tun
     assert f"tag={MARKER}" in check.text  # a knob value in the all-trials table
     assert PAYLOADS[3] in check.text and PAYLOADS[4] in check.text  # the baseline's finding
     assert check.hover_texts and all(MARKER in text for text in check.hover_texts)
+
+
+def test_a_database_password_never_reaches_the_page(tmp_path: Path) -> None:
+    """A tuning report gets shared; the storage URL in its subtitle and in the dashboard
+    command shows the password as *** (the terminal, the user's own, still gets it whole)."""
+    from tuner.report import write_tuning_report
+
+    study = optuna.create_study(study_name="s", direction="maximize")
+    url = "postgresql+psycopg://tuner:s3cr3t-pw@db.example:5432/studies"
+    page = write_tuning_report(study, None, tmp_path / "r.html", url, url).read_text()
+    assert "s3cr3t-pw" not in page
+    assert "postgresql+psycopg://tuner:***@db.example:5432/studies" in page
