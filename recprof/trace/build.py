@@ -8,7 +8,7 @@ each trace generation (see ../shared/docs/field-notes.md); everything downstream
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,6 +434,29 @@ def _device_row(
             sends, on_main)
 
 
+#: Enqueues looked at for one transfer: the pairing only ever skips a few.
+_PAIRING_WINDOW = 64
+
+
+def _enqueue_of(queue: list[_HostOp] | None, start: float, size: int | None) -> _HostOp | None:
+    """Take from `queue` (enqueues of one kind, in order) the one a gloo transfer that started
+    at `start` with `size` bytes carries: the earliest before it of that size, else the
+    earliest before it when sizes say nothing."""
+    if not queue or queue[0][0] > start:
+        return None
+    first_unsized = None
+    for i, op in enumerate(queue[:_PAIRING_WINDOW]):
+        if op[0] > start:
+            break
+        sent = message_bytes(op[5]) if isinstance(op[5], dict) else None
+        if size is None or sent is None:
+            first_unsized = i if first_unsized is None else first_unsized
+            continue
+        if sent == size:
+            return queue.pop(i)
+    return queue.pop(first_unsized if first_unsized is not None else 0)
+
+
 def _cpu_rows(
     host_ops: list[_HostOp],
     gloo_ops: list[_HostOp],
@@ -456,12 +479,15 @@ def _cpu_rows(
     they are paired in order per collective kind: gloo's runloop takes work first in, first
     out. The transfer's launch is then its enqueue (when the host issued it, inside the labels
     that say what it carries), and an all-to-all's split sizes come from the enqueue's args.
+    Order alone is not enough: gloo may start two transfers enqueued back to back in the other
+    order (TorchRec's KJT lengths and values), so a transfer takes the earliest enqueue before
+    it whose message size matches, and the earliest one only when sizes are unknown.
     """
     nan = float("nan")
     rows: list[_Row] = []
     main_lane = lanes("main thread")
     outer_end = float("-inf")
-    enqueued: dict[str, deque[_HostOp]] = defaultdict(deque)
+    enqueued: dict[str, list[_HostOp]] = defaultdict(list)
     for op in host_ops:  # sorted by start, outer first
         start, end, name, pid, tid, _args, cat = op
         if name.startswith("c10d::") and cat in _ATEN_OP_CATS and collective_kind(name):
@@ -481,9 +507,8 @@ def _cpu_rows(
         kind = collective_kind(name) or "unknown"
         size = message_bytes(args)
         launch, sends, on_main = start, None, False
-        queue = enqueued.get(kind)
-        if queue and queue[0][0] <= start:
-            enqueue = queue.popleft()
+        enqueue = _enqueue_of(enqueued.get(kind), start, size)
+        if enqueue is not None:
             launch, on_main = enqueue[0], (enqueue[3], enqueue[4]) == main_tid
             if kind == "all_to_all":
                 sends = all_to_all_sends(enqueue[5], world_size)

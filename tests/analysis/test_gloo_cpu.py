@@ -35,3 +35,24 @@ def test_gloo_job_breakdown(gloo_trace_dir: Path) -> None:
     timeline = rank0.timeline
     assert timeline is not None and "main thread" in timeline.lanes
     assert any(lane.startswith("gloo thread") for lane in timeline.lanes)
+
+
+def test_gloo_transfers_started_out_of_order_keep_their_own_enqueue() -> None:
+    """TorchRec enqueues the KJT lengths (3,328 B) then values (6,656 B) all-to-alls back to
+    back; gloo may start the values transfer first. Each transfer must take the enqueue of its
+    own size (so the label around that enqueue names what it carries), not the next in line."""
+    from recprof.trace.build import _enqueue_of
+
+    lengths = (10.0, 11.0, "c10d::alltoall_base_", 1, 1, {"Input Dims": [[832], [832]],
+                                                          "Input type": ["int", "int"]}, "cpu_op")
+    values = (12.0, 13.0, "c10d::alltoall_base_", 1, 1, {"Input Dims": [[832], [832]],
+                                                         "Input type": ["long int", "long int"]},
+              "cpu_op")
+    queue = [lengths, values]
+    assert _enqueue_of(queue, 14.0, 6656) is values  # values' transfer started first
+    assert _enqueue_of(queue, 15.0, 3328) is lengths
+    assert queue == []
+    # unknown sizes: first in, first out, and never an enqueue issued after the transfer
+    queue = [lengths, values]
+    assert _enqueue_of(queue, 11.5, None) is lengths
+    assert _enqueue_of(queue, 11.6, None) is None
