@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
 from rich.console import Console
 from rich.markup import escape
@@ -260,9 +261,21 @@ class Tuner:
 
     def _suggest(self, trial: Trial, fixed: Mapping[str, Any]) -> Knobs:
         if is_baseline(trial):
+            # An enqueued baseline holds its values as fixed params, which suggest returns; a
+            # trial turned into the baseline after `ask` (its worker died, see run) has none,
+            # and a suggest would sample: its params are written as what it runs instead.
+            enqueued = "fixed_params" in trial.storage.get_trial_system_attrs(trial._trial_id)
             for name in self.space.searched():
-                if self.baseline_knobs[name] in self.space.choices[name]:
-                    trial.suggest_categorical(name, self.space.choices[name])
+                choices = self.space.choices[name]
+                value = self.baseline_knobs[name]
+                if value not in choices:
+                    continue
+                if enqueued:
+                    trial.suggest_categorical(name, choices)
+                else:
+                    dist = CategoricalDistribution(choices)
+                    trial.storage.set_trial_param(
+                        trial._trial_id, name, dist.to_internal_repr(value), dist)
             return dict(self.baseline_knobs)
         knobs: Knobs = {}
         for name, choices in self.space.choices.items():
