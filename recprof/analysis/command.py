@@ -126,12 +126,11 @@ def _print_breakdown(job: JobAnalysis, console: Console) -> None:
     table = terminal.table(BREAKDOWN_COLUMNS)
     for rank in job.ranks[:MAX_RANK_ROWS]:
         t = rank.per_step
-        other_copies = t.exposed_copy_d2h + t.exposed_copy_d2d + t.exposed_other
         table.add_row(
             str(rank.rank) + ("*" if rank.rank_inferred else ""), _ms(t.step),
             _pct(t.compute, t.step), _pct(t.exposed_comm, t.step),
             _pct(t.hidden_comm, t.step), _pct(t.exposed_copy_h2d, t.step),
-            _pct(other_copies, t.step), _pct(t.idle, t.step),
+            _pct(t.exposed_rest, t.step), _pct(t.idle, t.step),
             _ms(job.skew.wait_us_per_step_by_rank.get(rank.rank, 0.0)),
         )
     terminal.print_table(console, table, (

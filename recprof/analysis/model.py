@@ -63,6 +63,12 @@ class StepMetrics:
     #: is one cause of a straggling rank). Not summed into totals.
     first_activity_us: float = 0.0
 
+    @property
+    def exposed_rest(self) -> float:
+        """Exposed time that is neither communication nor host-to-device copies: D2H/D2D copies
+        and memsets not under compute (the breakdown's "other" column and bar)."""
+        return self.exposed_copy_d2h + self.exposed_copy_d2d + self.exposed_other
+
 
 @dataclass
 class StageTime:

@@ -29,7 +29,7 @@ def bar_parts(mean: StepMetrics) -> dict[str, float]:
         "hidden_comm": mean.hidden_comm,
         "exposed_comm": mean.exposed_comm,
         "exposed_copy_h2d": mean.exposed_copy_h2d,
-        "exposed_rest": mean.exposed_copy_d2h + mean.exposed_copy_d2d + mean.exposed_other,
+        "exposed_rest": mean.exposed_rest,
         "idle": mean.idle,
     }
 
