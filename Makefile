@@ -8,7 +8,7 @@ SHARED ?= ../shared
 
 # torch is pinned to the local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
 setup:
-	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[train,dev,hta,view]'
+	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[train,dev,hta,view,dask]'
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "chromium not installed: browser tests will skip"; }
