@@ -57,6 +57,10 @@ def _register_commands() -> None:
 
     app.command(no_args_is_help=True)(mirror)
 
+    from recprof.whatif.command import whatif
+
+    app.command(no_args_is_help=True)(whatif)
+
     from recprof.nestpipe.command import train
 
     app.command()(train)

@@ -19,25 +19,26 @@ from recprof.mirror.derive import Mirror, derive
 from recprof.report.command import load_result
 
 
-def _one_job(paths: list[Path]) -> JobAnalysis:
+def one_job(paths: list[Path]) -> JobAnalysis:
+    """The one job analysed from `paths` (traces, a capture folder or an analysis JSON)."""
     result = load_result(paths)
     if result.errors and not result.jobs:
         raise RecprofError(f"{paths[0]}: {result.errors[0]}")
     if len(result.jobs) != 1:
         ids = ", ".join(j.id for j in result.jobs) or "none"
-        raise RecprofError(f"{paths[0]}: mirror needs one job, found {len(result.jobs)} ({ids})")
+        raise RecprofError(f"{paths[0]}: expected one job, found {len(result.jobs)} ({ids})")
     return result.jobs[0]
 
 
 def derive_only(paths: list[Path]) -> Mirror:
     """The mirror of the one job in `paths`, without calibration runs."""
-    return derive(_one_job(paths))
+    return derive(one_job(paths))
 
 
 def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
     """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
     `paths`; shared by `recprof mirror` and `recprof tune --like`."""
-    job = _one_job(paths)
+    job = one_job(paths)
     mirror = derive(job)
     if calibrate_runs:
         world = job.world_size or len(job.ranks)

@@ -1,0 +1,138 @@
+"""How close is `recprof whatif` to measured runs? Capture the baseline once, predict a grid,
+run the grid for real, print predicted vs measured.
+
+    python benchmarks/whatif_vs_measured.py                         # loopback, 2 ranks
+    python benchmarks/whatif_vs_measured.py --emulated 1gbit --nproc-per-node 1   # two nodes
+
+The synchronous fp32 baseline of `--config` runs once under `recprof capture` (the tuner's
+trial pipeline, so the capture window sits after warm-up). `recprof whatif` predicts every
+config of the grid micro_batches {1, 4} x qcomms {fp32, fp16} x reshape {1, 2} x hsp_groups
+{1, 2} x dbp {false, true} (32 configs, fewer where a value does not fit the world) from that
+capture alone. Then every config runs for real without capture, baseline included, and its
+step is the median `wall_s` of the steps after warm-up in metrics.jsonl: the same statistic as
+the step logs' unprofiled median the prediction is calibrated on. Prints per config predicted,
+measured and error, then the median and max |error| against the goals (<= 5%, <= 12%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from recprof.mirror.command import one_job  # noqa: E402
+from recprof.nestpipe.knobs import BASELINE, invalid_reason, knobs_label  # noqa: E402
+from recprof.whatif.baseline import measure  # noqa: E402
+from recprof.whatif.predict import Predictor  # noqa: E402
+from tuner.runner import TrialRunner, capture_window  # noqa: E402
+from tuner.trainer import Launch, job_shape, load_base_config, trial_config, write_config  # noqa: E402
+
+GRID = {"micro_batches": [1, 4], "qcomms": ["fp32", "fp16"], "reshape": [1, 2],
+        "hsp_groups": [1, 2], "dbp": [False, True]}
+MEDIAN_GOAL, MAX_GOAL = 0.05, 0.12
+
+
+def measured_step_us(trial_dir: Path, warmup: int) -> float:
+    """Median wall time of the steps after warm-up (metrics.jsonl, rank 0)."""
+    walls = []
+    for line in (trial_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["step"] >= warmup:
+            walls.append(row["wall_s"])
+    return statistics.median(walls) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=REPO / "examples/configs/demo.yaml")
+    parser.add_argument("--nproc-per-node", type=int, default=2)
+    parser.add_argument("--emulated", metavar="RATE", default=None,
+                        help="run on the emulated two-node cluster with this inter-node tbf rate")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--trial-timeout", type=float, default=600.0)
+    args = parser.parse_args()
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    out = args.out or Path(tempfile.mkdtemp(prefix="whatif-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    nnodes, template = 1, None
+    if args.emulated:
+        from emulated_cluster import EmulatedCluster
+
+        reason = EmulatedCluster.available()
+        if reason is not None:
+            sys.exit(f"the emulated cluster is not available here: {reason}")
+        nnodes = 2
+        template = (f"{{python}} {REPO / 'benchmarks' / 'emulated_cluster.py'} --nproc-per-node "
+                    f"{{nproc}} --rate {args.emulated} -- -m recprof.nestpipe --config {{config}} "
+                    f"--out {{out}}")
+    launch = Launch(args.nproc_per_node, nnodes, template)
+    base = load_base_config(args.config) | {"steps": args.steps,
+                                            "warmup_steps": args.warmup_steps}
+    shape = job_shape(base, launch.world_size)
+
+    def run(name: str, knobs: dict[str, Any], capture: bool) -> Path:
+        trial_dir = out / name
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        config = write_config(trial_config(base, knobs), trial_dir / "config.yaml")
+        window = capture_window(base["steps"], base["warmup_steps"])
+        outcome = TrialRunner(capture, args.trial_timeout, window).run(
+            launch.trainer_argv(config, trial_dir), trial_dir)
+        if not outcome.ok:
+            sys.exit(f"{name} failed: {outcome.reason} (logs in {trial_dir})")
+        return trial_dir
+
+    where = f"emulated 2 nodes at {args.emulated}" if args.emulated else "loopback"
+    console.print(f"world {launch.world_size} ({where}); base {args.config}; out {out}",
+                  highlight=False)
+    started = time.monotonic()
+    baseline_dir = run("baseline-capture", dict(BASELINE), capture=True)
+    predictor = Predictor(measure(one_job([baseline_dir / "capture"])))
+    console.print(f"calibration: {predictor.calibration}", highlight=False)
+    grid = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+    grid = [g for g in grid if invalid_reason({**BASELINE, **g}, shape) is None]
+    predictions = {json.dumps(g): predictor.predict(g) for g in grid}
+    rows = []
+    for i, g in enumerate(grid):
+        trial = run(f"run-{i:02d}", {**BASELINE, **g}, capture=False)
+        measured = measured_step_us(trial, base["warmup_steps"])
+        predicted = predictions[json.dumps(g)].step_us
+        rows.append((g, predicted, measured))
+        console.print(f"{i + 1}/{len(grid)} {knobs_label(g)}: predicted {predicted / 1e3:.2f} "
+                      f"ms, measured {measured / 1e3:.2f} ms", highlight=False)
+    table = Table(title=f"whatif vs measured ({where}, world {launch.world_size})")
+    for col in ("config", "predicted ms", "measured ms", "error"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    errors = []
+    for g, predicted, measured in rows:
+        error = (predicted - measured) / measured
+        errors.append(abs(error))
+        table.add_row(knobs_label(g), f"{predicted / 1e3:.2f}", f"{measured / 1e3:.2f}",
+                      f"{error:+.1%}")
+    console.print(table)
+    median, worst = statistics.median(errors), max(errors)
+    console.print(f"median |error| {median:.1%} (goal <= {MEDIAN_GOAL:.0%}: "
+                  f"{'met' if median <= MEDIAN_GOAL else 'not met'}); max |error| {worst:.1%} "
+                  f"(goal <= {MAX_GOAL:.0%}: {'met' if worst <= MAX_GOAL else 'not met'}); "
+                  f"{len(rows)} configs, {time.monotonic() - started:.0f} s", highlight=False)
+    (out / "results.yaml").write_text(yaml.safe_dump(
+        [{"knobs": g, "predicted_us": p, "measured_us": m} for g, p, m in rows]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The measured step a prediction starts from: per rank, the compute of each stage, the bytes
+and transfer of each collective, the per-op floor, and the unprofiled step time.
+
+Read from the analysis (any input `recprof analyze` reads), plus two things only the run holds:
+the trainer's config, when the job is the built-in trainer (its knobs and its keys), and the
+traces' compute ops per stage (how much of the dense compute is fixed cost per pass, which
+micro-batching repeats).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from recprof.analysis.model import JobAnalysis
+from recprof.errors import RecprofError
+from recprof.trace.vocabulary import PURPOSE_STAGE
+from recprof.whatif.costs import LinkFit, fit_links, transfer_us
+
+#: The dense stages micro-batching repeats once per micro-batch.
+DENSE_STAGES = ("dense_forward", "dense_backward")
+#: The quantile of a dense stage's op durations taken as the per-op fixed cost (dispatch,
+#: allocation): the shortest ops of a pass are almost nothing but that cost.
+OP_FLOOR_QUANTILE = 0.1
+
+
+@dataclass
+class RankBaseline:
+    """One rank's measured step (means per step, us)."""
+
+    rank: int
+    host: str | None
+    step_us: float
+    compute_us: dict[str, float]  # stage -> its time less the collectives inside it
+    unattributed_us: float  # step time no stage holds (host gaps between labels)
+    bytes_by_purpose: dict[str, list[float]] = field(default_factory=dict)  # per instance
+    dense_ops: float | None = None  # compute ops per step in the dense stages
+    op_floor_us: float | None = None
+
+
+@dataclass
+class Baseline:
+    job: JobAnalysis
+    ranks: dict[int, RankBaseline]
+    links: dict[str, LinkFit]
+    measured_step_us: float  # the recorded (profiled) step, from the traces
+    unprofiled_step_us: float | None  # from the step logs; None when the run has none
+    config: object | None  # the built-in trainer's TrainConfig, when this job is one
+    config_note: str = ""
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def ranks_per_host(self) -> int:
+        hosts: dict[str | None, int] = defaultdict(int)
+        for r in self.ranks.values():
+            hosts[r.host] += 1
+        return max(hosts.values())
+
+
+def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
+    """The baseline of one analysed job."""
+    steps = max(len(job.steps_analysed), 1)
+    comm_by_rank_stage: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    bytes_by_rank: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in job.collective_samples:
+        stage = PURPOSE_STAGE.get(s.purpose, "other")
+        comm_by_rank_stage[s.rank][stage] += s.dur_us / steps
+        bytes_by_rank[s.rank][s.purpose].append(s.bytes)
+    ranks = {}
+    for r in job.ranks:
+        stage_time = {k: v.time_us_per_step for k, v in r.stages.items()}
+        compute = {k: max(v - comm_by_rank_stage[r.rank].get(k, 0.0), 0.0)
+                   for k, v in stage_time.items()}
+        step = r.per_step.step
+        ranks[r.rank] = RankBaseline(
+            rank=r.rank, host=r.host, step_us=step, compute_us=compute,
+            unattributed_us=max(step - sum(stage_time.values()), 0.0),
+            bytes_by_purpose={p: [b / 1.0 for b in v] for p, v in bytes_by_rank[r.rank].items()},
+        )
+        if with_ops and Path(r.file).is_file():
+            ranks[r.rank].dense_ops, ranks[r.rank].op_floor_us = _dense_ops(Path(r.file), steps)
+    config, note = trainer_config(job)
+    run = job.run
+    return Baseline(
+        job=job, ranks=ranks, links=fit_links(job.collective_samples, len(ranks)),
+        measured_step_us=job.per_step.step,
+        unprofiled_step_us=run.unprofiled_step_us if run else None,
+        config=config, config_note=note,
+    )
+
+
+def _dense_ops(path: Path, steps: int) -> tuple[float | None, float | None]:
+    """Compute ops per step in the dense stages of one rank's trace, and their duration floor."""
+    from recprof.analysis.stages import attribute
+    from recprof.analysis.windows import step_windows
+    from recprof.trace import build_rank_trace, read_trace
+    from recprof.trace.model import ActivityClass
+    from recprof.trace.reader import TraceFileError
+    from recprof.trace.vocabulary import STAGES
+
+    try:
+        trace = build_rank_trace(read_trace(path))
+    except TraceFileError:
+        return None, None
+    windows, _ = step_windows(trace)
+    acts = trace.activities
+    stage = attribute(trace).stage
+    dense = np.isin(stage, [STAGES.index(s) for s in DENSE_STAGES])
+    inside = np.zeros(len(acts), dtype=bool)
+    for w in windows:
+        inside |= (acts.start >= w.start) & (acts.end <= w.end)
+    ops = dense & inside & (acts.klass == ActivityClass.COMPUTE)
+    if not ops.any():
+        return None, None
+    durations = acts.end[ops] - acts.start[ops]
+    return float(ops.sum()) / max(len(windows), 1), float(np.quantile(durations,
+                                                                       OP_FLOOR_QUANTILE))
+
+
+def trainer_config(job: JobAnalysis) -> tuple[object | None, str]:
+    """The built-in trainer's resolved config for a captured trainer job, or None and why."""
+    if job.framework != "nestpipe":
+        return None, f"the job is {job.framework}, not the built-in trainer"
+    run = job.run
+    if run is None or "recprof.nestpipe" not in " ".join(run.command):
+        return None, "no capture run folder names the trainer's command"
+    from recprof.nestpipe.config import load_config
+
+    argv = run.command[run.command.index("recprof.nestpipe") + 1:] \
+        if "recprof.nestpipe" in run.command else []
+    config: Path | None = None
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv) - 1:
+        if argv[i] == "--config":
+            config = Path(argv[i + 1])
+            if not config.is_absolute() and run.cwd:
+                config = Path(run.cwd) / config
+        elif argv[i] == "--set":
+            overrides.append(argv[i + 1])
+        i += 1
+    try:
+        return load_config(config, overrides), ""
+    except (RecprofError, OSError) as exc:  # the trainer's knobs are then refused, saying why
+        return None, f"cannot read the trainer's config ({shlex.join(argv)}): {exc}"
+
+
+def transfer_share(baseline: Baseline) -> float:
+    """How much of the measured step was collective transfer on the slowest rank (us)."""
+    per_rank: dict[int, float] = defaultdict(float)
+    steps = max(len(baseline.job.steps_analysed), 1)
+    for s in baseline.job.collective_samples:
+        per_rank[s.rank] += transfer_us(s) / steps
+    return max(per_rank.values(), default=0.0)
+
+
+def host_cores() -> int:
+    """Cores of this machine (the replay assumes the job's hosts match it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)

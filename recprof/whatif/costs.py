@@ -1,0 +1,85 @@
+"""Communication cost per collective kind, fitted on the run's own collective instances.
+
+Each instance's transfer is its duration minus the time it spent waiting for later ranks (the
+analysis' cross-rank matching); a line `latency + bytes / bandwidth` is fitted per kind by
+non-negative least squares. A kind seen at one message size cannot separate latency from
+bandwidth: it takes the link's bandwidth from the best-spread kind (converted with nccl-tests'
+bus factors, since an all-reduce moves 2(n-1)/n of its bytes per rank and an all-to-all
+(n-1)/n) and keeps its own latency. Each fit says what it rests on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from recprof.analysis.model import CollectiveSample
+from recprof.trace.vocabulary import bus_factor
+
+#: Below this spread of message sizes (largest / smallest) a kind's latency cannot be told
+#: from its bandwidth; its line then goes through the origin.
+MIN_SIZE_SPREAD = 2.0
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """`transfer_us(bytes) = latency_us + bytes / bytes_per_us` for one collective kind."""
+
+    kind: str
+    latency_us: float
+    bytes_per_us: float
+    points: int
+    min_bytes: float
+    max_bytes: float
+    borrowed_from: str | None = None  # the kind whose bandwidth a one-size kind uses
+
+    def transfer_us(self, nbytes: float) -> float:
+        return self.latency_us + nbytes / self.bytes_per_us
+
+    def describe(self) -> str:
+        gbit = self.bytes_per_us * 8e6 / 1e9
+        basis = (f"bandwidth of {self.borrowed_from} (one message size here)"
+                 if self.borrowed_from else "fitted")
+        return (f"{self.kind}: {self.latency_us:.0f} us + bytes at {gbit:.2f} Gbit/s "
+                f"({basis}; {self.points} instances of {self.min_bytes:,.0f}-"
+                f"{self.max_bytes:,.0f} B)")
+
+
+def transfer_us(sample: CollectiveSample) -> float:
+    """The instance's own transfer: its duration less its wait for later ranks."""
+    return max(sample.dur_us - (sample.wait_us or 0.0), 0.0)
+
+
+def fit_links(samples: list[CollectiveSample], group_size: int) -> dict[str, LinkFit]:
+    """One line per collective kind with at least one sized instance."""
+    by_kind: dict[str, list[CollectiveSample]] = {}
+    for s in samples:
+        if s.bytes and s.bytes > 0:
+            by_kind.setdefault(s.kind, []).append(s)
+    points = {kind: (np.array([s.bytes for s in group], dtype=float),
+                     np.array([transfer_us(s) for s in group], dtype=float))
+              for kind, group in by_kind.items()}
+    fits: dict[str, LinkFit] = {}
+    for kind, (x, y) in points.items():
+        if x.max() / x.min() >= MIN_SIZE_SPREAD:
+            (latency, per_byte), _ = nnls(np.column_stack([np.ones_like(x), x]), y)
+            if per_byte > 0:
+                fits[kind] = LinkFit(kind, float(latency), float(1.0 / per_byte), len(x),
+                                     float(x.min()), float(x.max()))
+    for kind, (x, y) in points.items():
+        if kind in fits:
+            continue
+        donor = max(fits.values(), key=lambda f: f.max_bytes / f.min_bytes, default=None)
+        if donor is None:
+            # Nothing spread anywhere: a line through the origin, all of it bandwidth.
+            rate = float(np.median(x) / max(np.median(y), 1e-9))
+            fits[kind] = LinkFit(kind, 0.0, rate, len(x), float(x.min()), float(x.max()))
+            continue
+        rate = donor.bytes_per_us * bus_factor(donor.kind, group_size) / max(
+            bus_factor(kind, group_size), 1e-9)
+        latency = max(float(np.median(y) - np.median(x) / rate), 0.0)
+        fits[kind] = LinkFit(kind, latency, float(rate), len(x), float(x.min()), float(x.max()),
+                             borrowed_from=donor.kind)
+    return fits

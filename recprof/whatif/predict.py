@@ -1,0 +1,234 @@
+"""Predict the unprofiled step under knob settings, from one capture.
+
+The pipeline: measure the baseline (baseline.py), fit the links (costs.py), replay the
+baseline's own schedule and scale its compute so the replay lands on the unprofiled step the
+step logs measured (profiling inflates every op, not the wire), then replay each scenario with
+that scale. Every scenario says what it assumed; a knob the model cannot handle for this job
+is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from recprof.errors import RecprofError
+from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
+from recprof.whatif.baseline import Baseline, host_cores
+from recprof.whatif.replay import replay
+from recprof.whatif.scenarios import CodecCost, trainer_plan, with_knobs
+from recprof.whatif.traffic import Traffic, traffic
+
+SCHEMA = "recprof.whatif/1"
+#: Knobs the replay models for the built-in trainer; the others are refused with a reason.
+MODELLED = ("micro_batches", "hsp_groups", "qcomms", "reshape", "dbp", "clustering", "sharding")
+_NOT_MODELLED = {
+    "fuse_tables": "one all-to-all per table is not in the replayed schedule",
+}
+
+
+@dataclass
+class Scenario:
+    knobs: dict[str, Any]
+    step_us: float | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
+    refused: str | None = None
+
+    def moved_stage(self, baseline: dict[str, float]) -> str | None:
+        """The stage whose time changes most against the baseline's replay."""
+        names = set(self.stages) | set(baseline)
+        if not names or self.step_us is None:
+            return None
+        return max(names, key=lambda s: abs(self.stages.get(s, 0.0) - baseline.get(s, 0.0)))
+
+
+@dataclass
+class WhatIf:
+    baseline_step_us: float  # measured unprofiled (or profiled, when uncalibrated)
+    baseline_knobs: dict[str, Any]
+    baseline_stages: dict[str, float]
+    calibrated: bool
+    calibration: str
+    compute_scale: float
+    fits: list[str]
+    scenarios: list[Scenario]
+    samples_per_step: int | None = None
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "baseline": {"step_us": self.baseline_step_us, "knobs": self.baseline_knobs,
+                         "stages": self.baseline_stages, "calibrated": self.calibrated,
+                         "calibration": self.calibration, "compute_scale": self.compute_scale,
+                         "links": self.fits},
+            "scenarios": [
+                {"knobs": s.knobs, "step_us": s.step_us, "stages": s.stages,
+                 "moved_stage": s.moved_stage(self.baseline_stages),
+                 "assumptions": s.assumptions, "refused": s.refused}
+                for s in self.scenarios
+            ],
+        }
+
+
+class Predictor:
+    """Predictions for one baseline; `predict` may be called for many knob settings."""
+
+    def __init__(self, base: Baseline) -> None:
+        if base.config is None:
+            raise RecprofError(f"cannot predict trainer knobs: {base.config_note}")
+        if not base.links:
+            raise RecprofError("the capture holds no sized collective instances to fit the "
+                               "links on")
+        self.base = base
+        self.cfg = base.config
+        self.knobs = {k: getattr(self.cfg, k) for k in KNOBS}
+        self.shape = JobShape(base.world, self.cfg.batch_size, self.cfg.embedding_dim)
+        self.overlap_prefetch = host_cores() >= 2 * base.ranks_per_host()
+        self._traffic: dict[str, Traffic] = {}
+        self.reference = self._traffic_of(self.knobs)
+        self._codec: dict[str, tuple[float, float]] = {}
+        target = base.unprofiled_step_us
+        self.calibrated = target is not None
+        if target is None:
+            target = base.measured_step_us
+        uncalibrated = self._replay(self.knobs, 1.0)
+        self.scale = self._solve_scale(target)
+        self.calibration = (
+            f"replay of the recorded baseline {uncalibrated.step_us / 1e3:.2f} ms vs measured "
+            f"{base.measured_step_us / 1e3:.2f} ms (profiled); "
+            + (f"compute scaled x{self.scale:.3f} to the unprofiled step "
+               f"{target / 1e3:.2f} ms from the step logs" if self.calibrated else
+               "no step logs: could not calibrate to unprofiled steps, so predictions are of "
+               "profiled steps")
+        )
+        self.baseline_replay = self._replay(self.knobs, self.scale)
+        self.target = target
+
+    def _traffic_of(self, knobs: dict[str, Any]) -> Traffic:
+        key = repr(sorted((k, knobs[k]) for k in MODELLED))
+        if key not in self._traffic:
+            self._traffic[key] = traffic(with_knobs(self.cfg, knobs), self.base.world)
+        return self._traffic[key]
+
+    def _codec_cost(self, qcomms: str) -> CodecCost:
+        """The wire format's encode/decode cost beyond the baseline's, relative to a gather."""
+        own = self._codec_ratio(self.knobs["qcomms"])
+        new = self._codec_ratio(qcomms)
+        return CodecCost(new[0] - own[0], new[1] - own[1])
+
+    def _codec_ratio(self, qcomms: str) -> tuple[float, float]:
+        if qcomms not in self._codec:
+            rows = max(round(r.rows_requested) for r in self.reference.ranks.values())
+            self._codec[qcomms] = measure_codec(self.cfg, qcomms, rows)
+        return self._codec[qcomms]
+
+    def _replay(self, knobs: dict[str, Any], scale: float):
+        plan = trainer_plan(self.base, knobs, self._traffic_of(knobs), self.reference,
+                            self._codec_cost(knobs["qcomms"]), scale, self.overlap_prefetch)
+        if not self.overlap_prefetch:
+            main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
+            result = replay(main, plan.collectives)
+        else:
+            result = replay(plan.main, plan.collectives, plan.prefetch)
+        result.assumptions = plan.assumptions  # type: ignore[attr-defined]
+        return result
+
+    def _solve_scale(self, target: float) -> float:
+        """The compute scale at which the baseline's replay equals `target` (bisection: the
+        replayed step grows with compute)."""
+        lo, hi = 0.02, 50.0
+        for _ in range(40):
+            mid = (lo * hi) ** 0.5
+            if self._replay(self.knobs, mid).step_us < target:
+                lo = mid
+            else:
+                hi = mid
+        return (lo * hi) ** 0.5
+
+    def refusal(self, change: dict[str, Any]) -> str | None:
+        for name, value in change.items():
+            if name not in KNOBS:
+                return f"{name} is not a knob (knobs: {', '.join(KNOBS)})"
+            if name in _NOT_MODELLED:
+                return f"{name}: the model cannot predict it ({_NOT_MODELLED[name]})"
+            if name == "micro_batches" and value != self.knobs[name] and any(
+                    rb.dense_ops is None for rb in self.base.ranks.values()):
+                return ("micro_batches: needs the traces' dense ops to know the fixed cost each "
+                        "micro-batch repeats (give the capture folder or traces, not only an "
+                        "analysis JSON)")
+        merged = {**self.knobs, **change}
+        found = problems(merged, self.shape)
+        return found[0].reason() if found else None
+
+    def predict(self, change: dict[str, Any]) -> Scenario:
+        knobs = {**self.knobs, **change}
+        why = self.refusal(change)
+        if why is not None:
+            return Scenario(change, refused=why)
+        result = self._replay(knobs, self.scale)
+        assumptions = [*result.assumptions, self.calibration]
+        return Scenario(change, step_us=result.step_us, stages=result.stages,
+                        assumptions=assumptions)
+
+    def single_knob_changes(self) -> list[dict[str, Any]]:
+        """Every single-knob change of the tuner's default space on this job."""
+        out = []
+        for name in searched_by_default():
+            for value in KNOBS[name].default_choices(self.shape):
+                if value != self.knobs[name]:
+                    out.append({name: value})
+        return out
+
+    def report(self, scenarios: list[Scenario]) -> WhatIf:
+        return WhatIf(
+            baseline_step_us=self.target,
+            baseline_knobs={k: self.knobs[k] for k in searched_by_default()},
+            baseline_stages=self.baseline_replay.stages,
+            calibrated=self.calibrated, calibration=self.calibration, compute_scale=self.scale,
+            fits=[f.describe() for f in self.base.links.values()], scenarios=scenarios,
+            samples_per_step=self.cfg.batch_size,
+        )
+
+
+#: Timings per codec measurement; the minimum is kept (other load only ever adds time).
+_CODEC_REPEATS = 30
+
+
+def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
+    """(encode, decode) time of `rows` rows in `qcomms` relative to gathering the same rows
+    with `index_select` (what the owners' lookup does), timed here with the trainer's codec at
+    the job's own size: at a few thousand rows both are mostly per-op cost, so a ratio taken
+    at another size would not carry over."""
+    import torch
+
+    from recprof.nestpipe.qcomms import Codec
+
+    dtype = cfg.float_dtype()
+    dim = cfg.embedding_dim // cfg.reshape
+    # The job's own table size, so the gather meets the caches its lookup meets; one thread,
+    # as each rank of the trainer runs (torchrun sets OMP_NUM_THREADS=1).
+    table = torch.randn(max(sum(cfg.table_rows()), 1), dim, dtype=dtype)
+    index = torch.randint(0, table.shape[0], (max(rows, 1),))
+    codec = Codec(qcomms, "fwd", dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(_CODEC_REPEATS):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    try:
+        rows = table.index_select(0, index)
+        gather = best(lambda: table.index_select(0, index))
+        wire = codec.encode(rows)
+        encode = best(lambda: codec.encode(rows))
+        decode = best(lambda: codec.decode(wire, dim))
+    finally:
+        torch.set_num_threads(threads)
+    return encode / gather, decode / gather

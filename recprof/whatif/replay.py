@@ -1,0 +1,154 @@
+"""Replay one training step of every rank as a dependency graph and time it.
+
+Each rank runs a program: compute segments on its main thread, collectives it posts (started
+asynchronously, like `dist.all_to_all_single(..., async_op=True)`) and waits on. A collective
+starts when every member has posted it and each member's link is free (a rank's collectives
+share its link in the order it posted them, as one gloo/NCCL communicator does), and lasts its
+transfer time. So a rank that reaches a collective early waits for the last one: waits come out
+of the replay, never from the baseline's measured waits. The step ends when the slowest rank
+finishes its program; that critical path is the predicted step.
+
+A rank may also run a second program on its prefetch thread (DBP loads and fetches the next
+batch there). It overlaps the main thread when the host has a core to spare; the caller
+serialises it into the main program otherwise (CPU ranks sharing cores), and only the main
+thread's time is attributed to stages.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from recprof.errors import RecprofError
+
+
+@dataclass(frozen=True)
+class Compute:
+    """`dur_us` of work on the thread, counted under `stage`."""
+
+    stage: str
+    dur_us: float
+
+
+@dataclass(frozen=True)
+class Post:
+    """Start collective `name` (all members post the same name); returns at once."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Block until collective `name` has finished; blocked time counts under `stage`."""
+
+    name: str
+    stage: str
+
+
+Instruction = Compute | Post | Wait
+Program = list[Instruction]
+
+
+@dataclass
+class Collective:
+    """One collective instance of the step: who takes part and how long the transfer lasts
+    once it starts (the cost model's prediction for its kind and bytes)."""
+
+    members: tuple[int, ...]
+    transfer_us: float
+
+
+@dataclass
+class RankTiming:
+    end_us: float
+    stage_us: dict[str, float] = field(default_factory=dict)  # main-thread time by stage
+
+
+@dataclass
+class Replay:
+    step_us: float
+    ranks: dict[int, RankTiming]
+    critical_rank: int
+
+    @property
+    def stages(self) -> dict[str, float]:
+        """Where the critical rank's step goes, by stage (us)."""
+        return dict(self.ranks[self.critical_rank].stage_us)
+
+
+@dataclass
+class _Thread:
+    rank: int
+    program: Program
+    counts_stages: bool
+    clock: float = 0.0
+    pc: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pc == len(self.program)
+
+
+def replay(main: dict[int, Program], collectives: dict[str, Collective],
+           prefetch: dict[int, Program] | None = None) -> Replay:
+    """Time every rank's programs; raise `RecprofError` on an inconsistent graph (a wait on a
+    collective nobody posts, or members that never post it)."""
+    threads = [_Thread(r, p, True) for r, p in main.items()]
+    threads += [_Thread(r, p, False) for r, p in (prefetch or {}).items()]
+    posted: dict[str, dict[int, float]] = defaultdict(dict)
+    link: dict[int, list[str]] = defaultdict(list)  # each rank's collectives, in post order
+    link_free: dict[int, float] = defaultdict(float)
+    finished: dict[str, float] = {}
+    timing = {r: RankTiming(0.0) for r in main}
+
+    def start_ready() -> bool:
+        """Start every collective at the head of all its members' links."""
+        progressed = False
+        for name, coll in collectives.items():
+            if name in finished or len(posted[name]) < len(coll.members):
+                continue
+            if any(not link[m] or link[m][0] != name for m in coll.members):
+                continue
+            begin = max(*posted[name].values(), *(link_free[m] for m in coll.members))
+            finished[name] = begin + coll.transfer_us
+            for m in coll.members:
+                link[m].pop(0)
+                link_free[m] = finished[name]
+            progressed = True
+        return progressed
+
+    def run(t: _Thread) -> bool:
+        """Advance a thread until it blocks; whether it moved."""
+        moved = False
+        while not t.done:
+            ins = t.program[t.pc]
+            spent = 0.0
+            if isinstance(ins, Compute):
+                spent = ins.dur_us
+            elif isinstance(ins, Post):
+                if ins.name not in collectives:
+                    raise RecprofError(f"replay: rank {t.rank} posts unknown collective "
+                                       f"{ins.name}")
+                posted[ins.name][t.rank] = t.clock
+                link[t.rank].append(ins.name)
+            elif ins.name in finished:
+                spent = max(0.0, finished[ins.name] - t.clock)
+            else:
+                return moved
+            t.clock += spent
+            if t.counts_stages and spent and not isinstance(ins, Post):
+                stages = timing[t.rank].stage_us
+                stages[ins.stage] = stages.get(ins.stage, 0.0) + spent
+            t.pc += 1
+            moved = True
+        return moved
+
+    while not all(t.done for t in threads):
+        progressed = any([run(t) for t in threads])
+        if not (start_ready() or progressed):
+            stuck = {t.rank: t.program[t.pc] for t in threads if not t.done}
+            raise RecprofError(f"replay: the step's graph cannot finish (blocked: {stuck})")
+    for t in threads:
+        timing[t.rank].end_us = max(timing[t.rank].end_us, t.clock)
+    critical = max(timing, key=lambda r: timing[r].end_us)
+    return Replay(step_us=timing[critical].end_us, ranks=timing, critical_rank=critical)

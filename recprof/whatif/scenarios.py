@@ -1,0 +1,172 @@
+"""Turn a baseline and a knob setting into the step's programs for the replay.
+
+The built-in trainer's step is written out as its schedule (docs/nestpipe.md, "What one step
+does"): data wait, key routing (two synchronous all-to-alls), the owners' lookup, the row
+fetch in one chunk per micro-batch, per micro-batch dense forward and backward with gradient
+chunks sent as rows become final, the dense all-reduce started before the gradient wait, HSP's
+all-gather and all-reduce, the optimizer, and with DBP the next batch's routing and fetch on the
+prefetch thread plus the refresh after the update. Each compute segment takes its rank's
+measured stage compute; each collective its bytes (from the job's keys, traffic.py) through
+the run's fitted link. What a knob changes is exactly what the trainer changes; what the model
+does not know is listed as an assumption.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from recprof.whatif.baseline import DENSE_STAGES, Baseline
+from recprof.whatif.costs import LinkFit
+from recprof.whatif.replay import Collective, Compute, Post, Program, Wait
+from recprof.whatif.traffic import Traffic
+
+
+@dataclass
+class Plan:
+    """Programs and collectives for one replay, and what they rest on."""
+
+    main: dict[int, Program]
+    prefetch: dict[int, Program]
+    collectives: dict[str, Collective]
+    assumptions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CodecCost:
+    """Encode and decode time of the wire format, as a multiple of the owners' row gather
+    (`embedding_lookup`, which moves the same rows): measured on this machine by timing the
+    trainer's own codec against `index_select` on rows of the job's shape."""
+
+    encode: float
+    decode: float
+
+
+def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, reference: Traffic,
+                 codec: CodecCost, compute_scale: float, overlap_prefetch: bool) -> Plan:
+    """The built-in trainer's step under `knobs` (a full knob dict), every rank."""
+    cfg = base.config
+    assert cfg is not None
+    world = base.world
+    n = int(knobs["micro_batches"])
+    groups = int(knobs["hsp_groups"])
+    size = world // groups
+    dbp = bool(knobs["dbp"])
+    links = base.links
+    main: dict[int, Program] = {}
+    prefetch: dict[int, Program] = {}
+    colls: dict[str, Collective] = {}
+    notes: list[str] = []
+
+    def coll(name: str, kind: str, members: tuple[int, ...], nbytes: float) -> str:
+        if name not in colls:
+            colls[name] = Collective(members, 0.0)
+        # A group of one exchanges with itself: a local copy, no wire.
+        cost = 0.0 if len(members) == 1 else _link(links, kind).transfer_us(nbytes)
+        colls[name].transfer_us = max(colls[name].transfer_us, cost)
+        return name
+
+    for r, rb in base.ranks.items():
+        c = {k: v * compute_scale for k, v in rb.compute_us.items()}
+        tr, ref = scenario.ranks[r], reference.ranks[r]
+        group = tuple(range((r // size) * size, (r // size + 1) * size))
+        replicas = tuple(r % size + g * size for g in range(groups))
+        rows_ratio = _ratio(sum(tr.rows_fwd) + sum(tr.dbp_refresh[2:]), sum(ref.rows_fwd))
+        lookup = c.get("embedding_lookup", 0.0) * rows_ratio
+        gather_rate = c.get("embedding_lookup", 0.0) / max(sum(ref.rows_fwd), 1.0)  # us per B
+        codec_fwd = gather_rate * sum(ref.rows_fwd) * rows_ratio * (codec.encode + codec.decode)
+        codec_bwd = gather_rate * sum(ref.grads_bwd) * _ratio(
+            sum(tr.grads_bwd), sum(ref.grads_bwd)) * (codec.encode + codec.decode)
+        fetch: Program = [
+            Compute("data_loading", c.get("data_loading", 0.0)),
+            Compute("input_dist", c.get("input_dist", 0.0)),
+            Post(coll(f"key0@{group}", "all_to_all", group, tr.key_routing[0])),
+            Wait(f"key0@{group}", "input_dist"),
+            Post(coll(f"key1@{group}", "all_to_all", group, tr.key_routing[1])),
+            Wait(f"key1@{group}", "input_dist"),
+            Compute("embedding_lookup", lookup + codec_fwd / 2),
+        ]
+        fetch += [Post(coll(f"fwd{m}@{group}", "all_to_all", group, tr.rows_fwd[m]))
+                  for m in range(n)]
+        program: Program = []
+        if dbp:
+            # The next batch's fetch runs on the prefetch thread; this step's rows are there.
+            prefetch[r] = fetch
+        else:
+            program += fetch
+        dense_fixed = _dense_fixed(rb, compute_scale)
+        for m in range(n):
+            if not dbp:
+                program.append(Wait(f"fwd{m}@{group}", "embedding_a2a"))
+            program.append(Compute("embedding_a2a",
+                                   (c.get("embedding_a2a", 0.0) + codec_fwd / 2) / n))
+            for stage in DENSE_STAGES:
+                whole = c.get(stage, 0.0)
+                fixed = dense_fixed.get(stage, 0.0)
+                program.append(Compute(stage, fixed + (whole - fixed) / n))
+            program.append(Compute("embedding_grad_a2a",
+                                   (c.get("embedding_grad_a2a", 0.0) + codec_bwd / 2) / n))
+            program.append(Post(coll(f"bwd{m}@{group}", "all_to_all", group, tr.grads_bwd[m])))
+        dense_bytes = _mean(rb.bytes_by_purpose.get("dense_grads"))
+        program += [Compute("dense_allreduce", c.get("dense_allreduce", 0.0)),
+                    Post(coll("dense", "all_reduce", tuple(sorted(base.ranks)), dense_bytes))]
+        program += [Wait(f"bwd{m}@{group}", "embedding_grad_a2a") for m in range(n)]
+        program.append(Compute("embedding_grad_a2a", codec_bwd / 2))
+        if groups > 1:
+            for i, (kind, nbytes) in enumerate((("all_gather", 8.0), ("all_gather", tr.hsp_ids),
+                                                 ("all_reduce", tr.hsp_grads))):
+                name = coll(f"hsp{i}@{replicas}", kind, replicas, nbytes)
+                program += [Post(name), Wait(name, "embedding_grad_a2a")]
+        optimizer = c.get("optimizer", 0.0)
+        program += [Compute("optimizer", optimizer / 2), Wait("dense", "dense_allreduce"),
+                    Compute("optimizer", optimizer / 2)]
+        if dbp:
+            program.append(Wait(f"key1@{group}", "dbp_refresh"))
+            for i, nbytes in enumerate(tr.dbp_refresh):
+                name = coll(f"refresh{i}@{group}", "all_to_all", group, nbytes)
+                program += [Post(name), Wait(name, "embedding_a2a")]
+        program += [Compute("other", c.get("other", 0.0) + rb.unattributed_us * compute_scale)]
+        main[r] = program
+    notes.append("the embedding optimizer half of `optimizer` runs before the dense all-reduce "
+                 "wait, the dense half after it (half each)")
+    if n > 1:
+        notes.append("per micro-batch, the dense stages repeat their fixed per-op cost (ops per "
+                     "step x their 10th-percentile duration) and split the rest evenly")
+    if dbp:
+        notes.append("the prefetch thread " + (
+            "overlaps the main thread (a spare core per rank)" if overlap_prefetch
+            else "shares the rank's core with the main thread, so its compute is serialised"))
+    return Plan(main, prefetch, colls, notes)
+
+
+def _link(links: dict[str, LinkFit], kind: str) -> LinkFit:
+    """The fitted line of `kind`, or of the nearest kind the run has (an all-gather moves like
+    an all-to-all of the same bytes)."""
+    for candidate in (kind, "all_to_all", "all_reduce", *links):
+        if candidate in links:
+            return links[candidate]
+    raise KeyError(kind)
+
+
+def _dense_fixed(rb: Any, scale: float) -> dict[str, float]:
+    """Fixed cost per dense pass, split over the dense stages by their compute."""
+    if rb.dense_ops is None or rb.op_floor_us is None:
+        return {}
+    total = sum(rb.compute_us.get(s, 0.0) for s in DENSE_STAGES)
+    fixed = min(rb.dense_ops * rb.op_floor_us, total)
+    return {s: fixed * rb.compute_us.get(s, 0.0) / total * scale if total else 0.0
+            for s in DENSE_STAGES}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 1.0
+
+
+def _mean(values: list[float] | None) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def with_knobs(config: Any, knobs: dict[str, Any]) -> Any:
+    """The trainer config with these knob values."""
+    return dataclasses.replace(config, **knobs)

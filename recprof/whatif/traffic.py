@@ -1,0 +1,182 @@
+"""What each rank would send under a knob setting, from the job's own key statistics.
+
+A knob like reshape or HSP changes how many unique rows a rank fetches, and micro-batching
+changes how they split into chunks, in ways that depend on the keys: Zipf skew, bag sizes,
+table sizes. For a built-in trainer job the keys are known exactly (its synthetic source is a
+pure function of the config), so this module draws the job's own batches and routes them with
+the trainer's own code (micro-batch split, table layout), counting rows per collective instead
+of guessing a formula. Byte counts follow the analyzer's convention for a rank's message: the
+larger of what it sends and what it receives (trace/vocabulary.message_bytes).
+
+Needs torch (the trainer's data source); callers refuse the knobs that need it without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from recprof.nestpipe.config import TrainConfig
+
+#: Batches drawn per prediction: enough that a mean over them is steady to ~1% on the
+#: example configs, few enough to take well under a second.
+SAMPLED_BATCHES = 4
+#: Bytes of one routed key, one split size and one refresh position on the wire (int64).
+KEY_BYTES = 8
+
+
+@dataclass
+class RankTraffic:
+    """Message bytes of one rank's collectives in one step (means over the sampled batches).
+
+    Lists are per micro-batch chunk; with DBP the fetch chunks are the prefetch's."""
+
+    key_routing: list[float] = field(default_factory=list)  # the two routing all-to-alls
+    rows_fwd: list[float] = field(default_factory=list)
+    grads_bwd: list[float] = field(default_factory=list)
+    hsp_ids: float = 0.0  # all-gather of touched row ids (x2: counts, then ids)
+    hsp_grads: float = 0.0  # all-reduce of the union's gradients
+    dbp_refresh: list[float] = field(default_factory=list)  # counts, positions, rows
+    rows_requested: float = 0.0  # unique rows this rank fetches per step (all chunks)
+
+
+@dataclass
+class Traffic:
+    ranks: dict[int, RankTraffic]
+    batches: int
+
+
+def _row_bytes(cfg: TrainConfig) -> int:
+    from recprof.nestpipe.qcomms import Codec
+
+    return Codec(cfg.qcomms, "fwd", cfg.float_dtype()).row_bytes(cfg.dim)
+
+
+def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
+    """Each rank's message bytes per step under `cfg` on `world` ranks."""
+    import torch
+
+    from recprof.nestpipe.data import SyntheticSource
+    from recprof.nestpipe.embedding import _feature_ids
+    from recprof.nestpipe.microbatch import split
+    from recprof.nestpipe.sharding import Layout
+
+    group = world // cfg.hsp_groups
+    rows = cfg.table_rows()
+    tables_of = [f % cfg.num_tables for f in range(cfg.num_features)]
+    layout = Layout(rows, group, cfg.sharding)
+    source = SyntheticSource(cfg)
+    fwd_bytes = _row_bytes(cfg)
+    from recprof.nestpipe.qcomms import Codec
+
+    bwd_bytes = Codec(cfg.qcomms, "bwd", cfg.float_dtype()).row_bytes(cfg.dim)
+    elem = torch.empty(0, dtype=cfg.float_dtype()).element_size()
+    n = cfg.micro_batches
+    totals = {r: RankTraffic(key_routing=[0.0, 0.0], rows_fwd=[0.0] * n, grads_bwd=[0.0] * n,
+                             dbp_refresh=[0.0, 0.0, 0.0]) for r in range(world)}
+    batches = range(first_batch, first_batch + SAMPLED_BATCHES)
+    previous: dict[int, dict[int, set[int]]] | None = None  # rank -> table -> rows
+    for index in batches:
+        batch = source.global_batch(0, index)
+        per = batch.size // world
+        # rank -> table -> (unique rows, first micro-batch, last micro-batch)
+        windows: dict[int, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        for r in range(world):
+            micro = split(batch.slice(r * per, (r + 1) * per), n, cfg.clustering, rows, tables_of)
+            ids = [_feature_ids(mb) for mb in micro]
+            windows[r] = {}
+            for t in range(cfg.num_tables):
+                segs = [(m, f) for m in range(n) for f, tt in enumerate(tables_of) if tt == t]
+                if not segs:
+                    continue
+                flat = torch.cat([ids[m][f] for m, f in segs]) % rows[t]
+                user = torch.repeat_interleave(
+                    torch.tensor([m for m, _ in segs]),
+                    torch.tensor([ids[m][f].shape[0] for m, f in segs]))
+                uniq, inverse = torch.unique(flat, return_inverse=True)
+                first = torch.full_like(uniq, n).scatter_reduce_(0, inverse, user, "amin")
+                last = torch.zeros_like(uniq).scatter_reduce_(0, inverse, user, "amax")
+                windows[r][t] = (uniq.numpy(), first.numpy(), last.numpy())
+        _count_step(windows, totals, layout, group, world, n, fwd_bytes, bwd_bytes, elem,
+                    cfg, previous)
+        previous = {r: {t: set(w[0].tolist()) for t, w in tabs.items()}
+                    for r, tabs in windows.items()}
+    k = len(batches)
+    for tr in totals.values():
+        tr.key_routing = [b / k for b in tr.key_routing]
+        tr.rows_fwd = [b / k for b in tr.rows_fwd]
+        tr.grads_bwd = [b / k for b in tr.grads_bwd]
+        tr.dbp_refresh = [b / k for b in tr.dbp_refresh]
+        tr.hsp_ids /= k
+        tr.hsp_grads /= k
+        tr.rows_requested /= k
+    return Traffic(totals, k)
+
+
+def _count_step(windows, totals, layout, group, world, n, fwd_bytes, bwd_bytes, elem, cfg,
+                previous) -> None:
+    """Add one step's bytes per rank (send and receive counted per peer, max taken)."""
+    import torch
+
+    # sends[(kind, m)][src][dst] rows
+    def matrix() -> np.ndarray:
+        return np.zeros((world, world))
+
+    fwd = [matrix() for _ in range(n)]
+    bwd = [matrix() for _ in range(n)]
+    keys = matrix()
+    refresh = matrix()
+    touched: dict[int, set[int]] = {r: set() for r in range(world)}  # owner -> table/row keys
+    for r, tabs in windows.items():
+        g0 = (r // group) * group
+        for t, (uniq, first, last) in tabs.items():
+            owner, _slot = layout.locate(t, torch.from_numpy(uniq))
+            owner = owner.numpy() + g0
+            skip = np.zeros(uniq.shape, dtype=bool)
+            if cfg.dbp and previous is not None:
+                skip = np.isin(uniq, np.fromiter(previous[r].get(t, ()), dtype=np.int64))
+            for o in np.unique(owner):
+                mine = owner == o
+                keys[o, r] += mine.sum()  # owner o receives r's keys
+                for m in range(n):
+                    fwd[m][o, r] += (mine & (first == m) & ~skip).sum()
+                    bwd[m][r, o] += (mine & (last == m)).sum()
+                touched[int(o)].update(((t << 40) + uniq[mine]).tolist())
+            totals[r].rows_requested += float(uniq.shape[0])
+    if cfg.dbp and previous is not None:
+        # rows of this window that the previous step's update changed: every row any rank of
+        # the group touched then is updated (HSP sums across groups, so the whole world's)
+        updated: dict[int, set[int]] = {}
+        for rt in previous.values():
+            for t, rs in rt.items():
+                updated.setdefault(t, set()).update(rs)
+        for r, tabs in windows.items():
+            g0 = (r // group) * group
+            for t, (uniq, _first, _last) in tabs.items():
+                stale = np.isin(uniq, np.fromiter(updated.get(t, ()), dtype=np.int64))
+                owner = layout.locate(t, torch.from_numpy(uniq[stale]))[0].numpy() + g0
+                np.add.at(refresh, (owner, np.full(owner.shape, r)), 1)
+
+    def message(mat: np.ndarray, r: int, scale: float) -> float:
+        return float(max(mat[r, :].sum(), mat[:, r].sum()) * scale)
+
+    for r in range(world):
+        tr = totals[r]
+        units = 1 if cfg.fuse_tables else len(windows[r])  # one exchange per comm group
+        tr.key_routing[0] += KEY_BYTES * units * group
+        tr.key_routing[1] += message(keys.T, r, KEY_BYTES)
+        for m in range(n):
+            tr.rows_fwd[m] += message(fwd[m], r, fwd_bytes)
+            tr.grads_bwd[m] += message(bwd[m], r, bwd_bytes)
+        if cfg.hsp_groups > 1:
+            local = r % group
+            replicas = [local + g * group for g in range(cfg.hsp_groups)]
+            union = set().union(*(touched[x] for x in replicas))
+            longest = max(len(touched[x]) for x in replicas)
+            tr.hsp_ids += KEY_BYTES * (1 + longest)
+            tr.hsp_grads += len(union) * cfg.dim * elem
+        if cfg.dbp:
+            tr.dbp_refresh[0] += KEY_BYTES * group
+            tr.dbp_refresh[1] += message(refresh, r, KEY_BYTES)
+            tr.dbp_refresh[2] += message(refresh, r, fwd_bytes)

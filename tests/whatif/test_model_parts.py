@@ -1,0 +1,81 @@
+"""The what-if model's parts on inputs whose answer is known by hand: the replay's waits and
+link order, the link fit, and the `--try` parser."""
+
+from __future__ import annotations
+
+import pytest
+
+from recprof.analysis.model import CollectiveSample
+from recprof.errors import RecprofError
+from recprof.whatif.command import parse_try
+from recprof.whatif.costs import fit_links
+from recprof.whatif.replay import Collective, Compute, Post, Wait, replay
+
+
+def test_a_collective_waits_for_the_last_rank_and_the_wait_counts_in_its_stage() -> None:
+    programs = {
+        0: [Compute("dense", 1.0), Post("x"), Wait("x", "comm"), Compute("opt", 1.0)],
+        1: [Compute("dense", 3.0), Post("x"), Wait("x", "comm"), Compute("opt", 1.0)],
+    }
+    result = replay(programs, {"x": Collective((0, 1), 2.0)})
+    assert result.step_us == pytest.approx(6.0)  # 3 (rank 1) + 2 transfer + 1
+    assert result.ranks[0].stage_us["comm"] == pytest.approx(4.0)  # 2 waiting + 2 transfer
+    assert result.ranks[1].stage_us["comm"] == pytest.approx(2.0)
+
+
+def test_collectives_share_a_rank_link_in_post_order() -> None:
+    # Both posted at 0; the second starts only when the first is off the link.
+    program = [Post("a"), Post("b"), Compute("dense", 1.0), Wait("b", "comm")]
+    colls = {"a": Collective((0,), 5.0), "b": Collective((0,), 5.0)}
+    assert replay({0: program}, colls).step_us == pytest.approx(10.0)
+
+
+def test_async_transfer_overlaps_compute() -> None:
+    program = [Post("a"), Compute("dense", 4.0), Wait("a", "comm")]
+    assert replay({0: program}, {"a": Collective((0,), 3.0)}).step_us == pytest.approx(4.0)
+
+
+def test_prefetch_thread_overlaps_the_main_thread() -> None:
+    main = {0: [Compute("dense", 5.0)]}
+    prefetch = {0: [Compute("data_loading", 3.0), Post("f")]}
+    result = replay(main, {"f": Collective((0,), 1.0)}, prefetch)
+    assert result.step_us == pytest.approx(5.0)
+    assert "data_loading" not in result.stages  # only the main thread is attributed
+
+
+def test_a_graph_that_cannot_finish_is_an_error_not_a_hang() -> None:
+    with pytest.raises(RecprofError, match="cannot finish"):
+        replay({0: [Post("x"), Wait("x", "comm")], 1: [Compute("dense", 1.0)]},
+               {"x": Collective((0, 1), 1.0)})
+
+
+def _sample(kind: str, nbytes: float, dur: float, wait: float = 0.0) -> CollectiveSample:
+    return CollectiveSample(rank=0, kind=kind, process_group="0", bytes=nbytes, dur_us=dur,
+                            algbw_gbps=0.0, busbw_gbps=0.0, wait_us=wait)
+
+
+def test_link_fit_recovers_latency_and_bandwidth_less_the_waits() -> None:
+    # 50 us + 1 byte per 100 us... i.e. 100 B/us, each instance also waited 30 us for a peer
+    samples = [_sample("all_to_all", b, 50 + b / 100 + 30, wait=30) for b in (1e3, 1e4, 1e5)]
+    fit = fit_links(samples, 2)["all_to_all"]
+    assert fit.latency_us == pytest.approx(50, rel=1e-6)
+    assert fit.bytes_per_us == pytest.approx(100, rel=1e-6)
+    assert fit.transfer_us(2e5) == pytest.approx(2050, rel=1e-6)
+
+
+def test_a_one_size_kind_borrows_the_link_bandwidth_with_bus_factors() -> None:
+    samples = [_sample("all_to_all", b, 50 + b / 100) for b in (1e3, 1e4, 1e5)]
+    samples += [_sample("all_reduce", 2e4, 900.0)] * 3
+    fit = fit_links(samples, 2)["all_reduce"]
+    # an all-to-all of 2 ranks moves half its bytes per rank, an all-reduce all of them
+    assert fit.borrowed_from == "all_to_all"
+    assert fit.bytes_per_us == pytest.approx(50, rel=1e-6)
+    assert fit.latency_us == pytest.approx(900 - 2e4 / 50, rel=1e-6)
+    assert "one message size" in fit.describe()
+
+
+def test_try_parser_reads_values_as_yaml_and_rejects_junk() -> None:
+    assert parse_try("micro_batches=4,qcomms=fp16,dbp=true") == {
+        "micro_batches": 4, "qcomms": "fp16", "dbp": True}
+    with pytest.raises(RecprofError, match="KEY=VALUE"):
+        parse_try("micro_batches")
