@@ -100,7 +100,7 @@ def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Wind
         union = IntervalSet.of(acts.start[sel], acts.end[sel])
         exposed[key] = union.subtract(unions.compute).total()
     exposed_kind = {}
-    for kind in set(kinds):
+    for kind in sorted(set(kinds)):  # the document must not depend on the hash seed
         sel = idx[[pos for pos, k in enumerate(kinds) if k == kind]]
         union = IntervalSet.of(acts.start[sel], acts.end[sel])
         exposed_kind[kind] = union.subtract(unions.compute).total()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -12,11 +13,44 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from recprof import terminal, units
+from recprof.analysis.executors import DASK_INSTALL_HINT, open_executor
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.pipeline import analyze_paths
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
 from recprof.report.view import framework_line
+
+#: `--scheduler` and `--workers`, shared by `recprof analyze` and `recprof report`.
+SchedulerOption = Annotated[str | None, typer.Option(
+    "--scheduler", metavar="ADDRESS",
+    help="Run the per-rank work on the existing Dask cluster whose scheduler is at ADDRESS "
+         "(tcp://host:8786); its workers must see the trace files at the same paths. The "
+         f"cross-rank steps run here. Needs the dask extra: "
+         f"{escape(DASK_INSTALL_HINT)}.")]  # help text is rich markup
+WorkersOption = Annotated[int | None, typer.Option(
+    "--workers", metavar="N",
+    help="Run the per-rank work on a local Dask cluster of N worker processes, started and "
+         "stopped here (a rank that kills its worker, e.g. out of memory, is reported and the "
+         "others go on). Needs the dask extra. Without --scheduler or --workers, ranks are "
+         "spread over a local process pool when the traces are large.")]
+
+
+def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: str | None,
+                          workers: int | None) -> AnalysisResult:
+    """`analyze_paths` on the executor the options ask for, with a progress bar across ranks
+    on standard error (when it is a terminal)."""
+    err = Console(stderr=True, soft_wrap=True)
+    executor = open_executor(scheduler, workers)
+    with executor or nullcontext(), Progress(
+            TextColumn("analysing ranks"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=err, transient=True,
+            disable=not err.is_terminal) as bar:
+        task = bar.add_task("read", total=None)
+
+        def on_progress(done: int, total: int, _path: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return analyze_paths(paths, steps, progress=on_progress, executor=executor)
 
 
 def analyze(
@@ -29,25 +63,20 @@ def analyze(
                        "standard output and the summary to standard error.")] = None,
     steps: Annotated[str | None, typer.Option(
         help="Only these ProfilerStep numbers: 5, 4-6 or 4,6-8. Default: every step.")] = None,
+    scheduler: SchedulerOption = None,
+    workers: WorkersOption = None,
 ) -> None:
     """Say where each rank's step time goes: compute, exposed and hidden communication,
     copies, idle gaps and their causes, collectives and cross-rank stragglers.
 
     Example: recprof analyze ../shared/traces/torchrec_pr1460/trace/sst_long_a2a_optimizer
+
+    On a Dask cluster: recprof analyze /shared/run/traces --scheduler tcp://host:8786
     """
     to_stdout = json_out is not None and str(json_out) == "-"
     console = Console(stderr=to_stdout)
     err = Console(stderr=True, soft_wrap=True)
-    chosen = parse_step_spec(steps)
-    with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as bar:
-        task = bar.add_task("read", total=None)
-
-        def on_progress(done: int, total: int, _path: str) -> None:
-            bar.update(task, completed=done, total=total)
-
-        result = analyze_paths(paths, chosen, progress=on_progress)
+    result = analyze_with_progress(paths, parse_step_spec(steps), scheduler, workers)
     for error in result.errors:
         err.print(f"[red]skipped[/] {escape(error)}", highlight=False)
     for warning in result.warnings[:50]:

@@ -1,16 +1,18 @@
 """`analyze_paths`: files and folders in, one `AnalysisResult` out.
 
-Each rank file is read, summarised and dropped before the next (in a process pool when there
-are many), so memory grows with the number of ranks' summaries, never with all ranks' events.
+A map and a reduce. The map reads each rank file, summarises it and drops its events, on
+whatever executor it is given (this process, a local pool, a Dask cluster: `executors.py`); the
+reduce assembles jobs from the summaries here. Memory grows with the number of ranks'
+summaries, never with all ranks' events.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 from recprof.analysis.breakdown import ClassUnions, step_metrics, sum_metrics
 from recprof.analysis.collectives import (
@@ -20,6 +22,7 @@ from recprof.analysis.collectives import (
     peer_bytes,
     rank_collectives,
 )
+from recprof.analysis.executors import Executor, WorkerLost, default_executor
 from recprof.analysis.frameworks import detect
 from recprof.analysis.idle import idle_gaps
 from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
@@ -41,8 +44,6 @@ from recprof.trace import build_rank_trace, read_trace
 from recprof.trace.model import TraceHeader
 from recprof.trace.reader import TraceFileError, is_trace_file
 
-# A process pool costs ~0.1 s to start and ship results back; below this much trace it loses.
-PARALLEL_FROM_BYTES = 24 << 20
 # Per-peer byte matrices are kept for jobs up to this many ranks.
 MAX_PEER_MATRIX_RANKS = 64
 
@@ -81,8 +82,9 @@ def discover(paths: Sequence[Path]) -> list[Path]:
 
 
 def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
-                      keep_timeline: bool = True) -> RankOutcome:
-    """Everything recprof needs from one rank file; the events are dropped on return."""
+                      keep_timeline: bool | Callable[[TraceHeader], bool] = True) -> RankOutcome:
+    """Everything recprof needs from one rank file; the events are dropped on return.
+    `keep_timeline` may decide from the file's header (its rank and world size)."""
     trace = build_rank_trace(read_trace(path))
     windows, warnings = step_windows(trace)
     if steps is not None:
@@ -102,7 +104,8 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
         totals=sum_metrics(metrics),
         idle_gaps=idle_gaps(trace, unions, windows),
         timeline=build_timeline(trace, unions, representative_window(windows))
-        if keep_timeline else None,
+        if (keep_timeline(trace.header) if callable(keep_timeline) else keep_timeline)
+        else None,
         warnings=trace.warnings + warnings,
         stages=stage_times(trace, windows, attribution),
     )
@@ -123,61 +126,75 @@ def _shift_to_absolute(analysis: RankAnalysis, origin_us: float) -> None:
         analysis.timeline.start_us += origin_us
 
 
-def _analyze_one(args: tuple[Path, frozenset[int] | None]) -> RankOutcome | str:
-    path, steps = args
+@dataclass(frozen=True)
+class RankTask:
+    """One file for the map step. `timeline` None: keep the timeline only if the rank is among
+    the evenly spaced ranks its world size predicts will be chosen (the others the choice
+    needs are rebuilt when the job is assembled), so the workers ship few timelines back."""
+
+    path: Path
+    steps: frozenset[int] | None
+    timeline: bool | None = None
+
+
+def _predicted_timeline(header: TraceHeader) -> bool:
+    rank, world = header.rank, header.world_size
+    return rank is None or not world or rank in evenly_spaced(list(range(world)),
+                                                              MAX_TIMELINE_RANKS)
+
+
+def _analyze_one(task: RankTask) -> RankOutcome | str:
+    """The map step on a worker: the rank's summary, or the line that says why the file
+    cannot be read. Any other exception is a bug and propagates."""
+    keep = _predicted_timeline if task.timeline is None else task.timeline
     try:
-        return analyze_rank_file(path, steps)
+        return analyze_rank_file(task.path, task.steps, keep)
     except TraceFileError as exc:
         return str(exc)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
-        return f"{path}: unreadable trace structure ({type(exc).__name__}: {exc})"
+        return f"{task.path}: unreadable trace structure ({type(exc).__name__}: {exc})"
+
+
+def _run(executor: Executor, tasks: list[RankTask], progress: Progress | None = None
+         ) -> list[RankOutcome | str]:
+    """The map step: every task's outcome in task order, whatever order the executor
+    finishes them in, so the document does not depend on the executor."""
+    results: list[RankOutcome | str | None] = [None] * len(tasks)
+    for done, (i, result) in enumerate(executor.map(_analyze_one, tasks), start=1):
+        path = tasks[i].path
+        results[i] = (f"{path}: the worker analysing it died ({result.reason})"
+                      if isinstance(result, WorkerLost) else result)
+        if progress:
+            progress(done, len(tasks), str(path))
+    return cast(list[RankOutcome | str], results)  # the executor yields every index once
 
 
 def analyze_paths(paths: Sequence[Path], steps: set[int] | None = None,
-                  progress: Progress | None = None, workers: int | None = None) -> AnalysisResult:
+                  progress: Progress | None = None,
+                  executor: Executor | None = None) -> AnalysisResult:
     """Analyse every trace under `paths`, grouped into jobs. Files that cannot be read are
-    listed in `errors`; if none can be read, `RecprofError` says why for each."""
+    listed in `errors`; if none can be read, `RecprofError` says why for each. Without an
+    `executor`, one is chosen by the files' size (`default_executor`) and closed on return."""
     files = discover(paths)
     frozen = frozenset(steps) if steps is not None else None
-    outcomes: list[RankOutcome] = []
-    errors: list[str] = []
-    jobs_args = [(f, frozen) for f in files]
-    n_workers = workers or min(os.cpu_count() or 1, len(files))
-    total_bytes = sum(f.stat().st_size for f in files)
-    if n_workers > 1 and len(files) > 1 and (workers or total_bytes >= PARALLEL_FROM_BYTES):
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            results = pool.map(_analyze_one, jobs_args, chunksize=4)
-            _collect(results, files, outcomes, errors, progress)
-    else:
-        _collect(map(_analyze_one, jobs_args), files, outcomes, errors, progress)
-    if not outcomes:
-        if len(errors) == 1:
-            raise RecprofError(errors[0])
-        raise RecprofError("no trace could be analysed:\n  " + "\n  ".join(errors))
-    jobs = _assemble_jobs(outcomes, frozen)
+    own = (default_executor(len(files), sum(f.stat().st_size for f in files))
+           if executor is None else nullcontext(executor))
+    with own as ex:
+        results = _run(ex, [RankTask(f, frozen) for f in files], progress)
+        outcomes = [r for r in results if not isinstance(r, str)]
+        errors = [r for r in results if isinstance(r, str)]
+        if not outcomes:
+            if len(errors) == 1:
+                raise RecprofError(errors[0])
+            raise RecprofError("no trace could be analysed:\n  " + "\n  ".join(errors))
+        jobs = _assemble_jobs(outcomes, frozen, ex)
     warnings = [w for job in jobs for w in job.warnings]
     return AnalysisResult(jobs=jobs, inputs=[str(p) for p in paths], warnings=warnings,
                           errors=errors)
 
 
-def _collect(results, files: list[Path], outcomes: list[RankOutcome], errors: list[str],
-             progress: Progress | None) -> None:
-    for done, (path, result) in enumerate(zip(files, results, strict=True), start=1):
-        if isinstance(result, str):
-            errors.append(result)
-        else:
-            # Until the job is assembled only the evenly spaced ranks, which the world size
-            # predicts, keep their timeline; the others the choice needs are rebuilt then.
-            rank, world = result.header.rank, result.header.world_size
-            if rank is not None and world and rank not in evenly_spaced(
-                    list(range(world)), MAX_TIMELINE_RANKS):
-                result.analysis.timeline = None
-            outcomes.append(result)
-        if progress:
-            progress(done, len(files), str(path))
-
-
-def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) -> list[JobAnalysis]:
+def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
+                   executor: Executor) -> list[JobAnalysis]:
     headers = [o.header for o in outcomes]
     jobs: list[JobAnalysis] = []
     taken_ids: set[str] = set()
@@ -228,7 +245,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None) ->
                                   MAX_PEER_MATRIX_RANKS),
             exposed_comm_us_per_step_by_kind=_exposed_by_kind(records, analyses),
         ))
-        _keep_chosen_timelines(job, steps)
+        _keep_chosen_timelines(job, steps, executor)
         jobs.append(job)
     return jobs
 
@@ -245,14 +262,22 @@ def _exposed_by_kind(records: dict[int, CollectiveRecords], analyses: list[RankA
     return out
 
 
-def _keep_chosen_timelines(job: JobAnalysis, steps: frozenset[int] | None) -> None:
+def _keep_chosen_timelines(job: JobAnalysis, steps: frozenset[int] | None,
+                           executor: Executor) -> None:
     """Keep the timelines of the ranks `choose_timeline_ranks` picks among all the job's ranks
-    (rebuilding one that was dropped, such as the straggler's) and drop the others."""
+    and drop the others. A chosen rank whose timeline the map step did not keep (such as the
+    straggler's) is analysed again on the same executor as the map: on a cluster the files sit
+    on a path the workers see, which this machine need not, and the work stays off the
+    client. A rank that fails this time (a worker lost) keeps no timeline."""
     chosen = set(choose_timeline_ranks({r.rank: r.per_step.step for r in job.ranks},
                                        job.skew.straggler_rank))
+    rebuild = []
     for analysis in job.ranks:
         if analysis.rank not in chosen:
             analysis.timeline = None
         elif analysis.timeline is None:
-            rebuilt = analyze_rank_file(Path(analysis.file), steps).analysis
-            analysis.timeline = rebuilt.timeline
+            rebuild.append(analysis)
+    tasks = [RankTask(Path(a.file), steps, timeline=True) for a in rebuild]
+    for analysis, outcome in zip(rebuild, _run(executor, tasks), strict=True):
+        if not isinstance(outcome, str):
+            analysis.timeline = outcome.analysis.timeline

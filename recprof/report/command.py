@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from recprof.analysis import AnalysisResult, analyze_paths, load_analysis_json
+from recprof.analysis import AnalysisResult, load_analysis_json
+from recprof.analysis.command import SchedulerOption, WorkersOption, analyze_with_progress
 from recprof.analysis.model import READABLE_SCHEMAS
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
@@ -38,8 +39,10 @@ def is_analysis_json(path: Path) -> bool:
     return any(tag in head or tag in tail for tag in tags)
 
 
-def load_result(paths: list[Path], steps: str | None = None) -> AnalysisResult:
-    """Analyse trace files/folders, or load one analysis JSON document."""
+def load_result(paths: list[Path], steps: str | None = None, scheduler: str | None = None,
+                workers: int | None = None) -> AnalysisResult:
+    """Analyse trace files/folders (on the executor `--scheduler`/`--workers` ask for, as
+    `recprof analyze` does), or load one analysis JSON document."""
     for p in paths:
         if not p.exists():
             raise RecprofError(f"{p}: no such file or folder")
@@ -50,7 +53,7 @@ def load_result(paths: list[Path], steps: str | None = None) -> AnalysisResult:
         return load_analysis_json(paths[0])
     if any(is_analysis_json(p) for p in paths):
         raise RecprofError("give an analysis JSON document on its own, not mixed with traces")
-    return analyze_paths(paths, parse_step_spec(steps))
+    return analyze_with_progress(paths, parse_step_spec(steps), scheduler, workers)
 
 
 def report(
@@ -64,13 +67,15 @@ def report(
                       "inlining it (self-contained, opens offline).")] = False,
     steps: Annotated[str | None, typer.Option(
         help="Only these ProfilerStep numbers: 5, 4-6 or 4,6-8. Default: every step.")] = None,
+    scheduler: SchedulerOption = None,
+    workers: WorkersOption = None,
 ) -> None:
     """Write the HTML bottleneck report: the verdict, per-rank breakdown, timeline,
     collectives, skew, idle gaps, and findings ranked by recoverable time with the knobs to try.
 
     Example: recprof report ../shared/traces/torchrec_pr1460/trace/sst_long_a2a_optimizer
     """
-    result = load_result(paths, steps)
+    result = load_result(paths, steps, scheduler, workers)
     err = Console(stderr=True)
     for error in result.errors:
         err.print(f"[red]skipped[/] {escape(error)}", highlight=False)
