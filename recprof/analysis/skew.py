@@ -229,13 +229,22 @@ class _Blocking:
     transfer: float
 
 
+def _busy(calls: _RankCalls, compute: IntervalSet) -> IntervalSet:
+    """What a rank does that is not waiting: its compute and all its transfer time (which wins
+    over waiting where they overlap). Built once per rank: every blocking sum subtracts it."""
+    return compute.union(IntervalSet.of(calls.waited_until, calls.end))
+
+
+def _blocking_wait(calls: _RankCalls, rows: np.ndarray, busy: IntervalSet) -> float:
+    """Blocking wait of the calls `rows` of one rank, as a union (concurrent calls overlap)."""
+    return IntervalSet.of(calls.start[rows], calls.waited_until[rows]).subtract(busy).total()
+
+
 def _blocking(calls: _RankCalls, rows: np.ndarray, compute: IntervalSet,
-              moving: IntervalSet) -> _Blocking:
-    """Blocking union of the calls `rows` of one rank; `moving` is all its transfer time, which
-    wins over waiting where they overlap."""
-    waiting = IntervalSet.of(calls.start[rows], calls.waited_until[rows])
+              busy: IntervalSet) -> _Blocking:
+    """Blocking union of the calls `rows` of one rank (`busy`: see `_busy`)."""
     transfer = IntervalSet.of(calls.waited_until[rows], calls.end[rows])
-    return _Blocking(wait=waiting.subtract(compute.union(moving)).total(),
+    return _Blocking(wait=_blocking_wait(calls, rows, busy),
                      transfer=transfer.subtract(compute).total())
 
 
@@ -258,15 +267,15 @@ def _sum_per_rank(skew: SkewAnalysis, matched: list[_Matched], calls: dict[int, 
     for r, c in calls.items():
         compute = records[r].compute
         everything = np.arange(len(c.matched_index))
-        moving = IntervalSet.of(c.waited_until, c.end)
-        total = _blocking(c, everything, compute, moving)
+        busy = _busy(c, compute)
+        total = _blocking(c, everything, compute, busy)
         skew.blocking_wait_us_per_step_by_rank[r] = total.wait / n_steps
         skew.blocking_transfer_us_per_step_by_rank[r] = total.transfer / n_steps
         skew.hidden_wait_us_per_step_by_rank[r] = max(
             skew.wait_us_per_step_by_rank[r] - total.wait / n_steps, 0.0)
         kinds = np.array([matched[i].key[2] for i in c.matched_index])
         for kind in np.unique(kinds):
-            part = _blocking(c, np.flatnonzero(kinds == kind), compute, moving)
+            part = _blocking(c, np.flatnonzero(kinds == kind), compute, busy)
             by_kind_wait[str(kind)] += part.wait / len(ranks) / n_steps
             by_kind_transfer[str(kind)] += part.transfer / len(ranks) / n_steps
         lasts = np.array([matched[i].last for i in c.matched_index])
@@ -276,7 +285,7 @@ def _sum_per_rank(skew: SkewAnalysis, matched: list[_Matched], calls: dict[int, 
                 continue
             for step in np.unique(steps[lasts == late]):
                 rows = np.flatnonzero((lasts == late) & (steps == step))
-                caused = _blocking(c, rows, compute, moving).wait
+                caused = _blocking_wait(c, rows, busy)
                 per_step_caused[int(step)][int(late)] += caused
                 skew.caused_blocking_us_per_step_by_rank[int(late)] += caused / peers / n_steps
     skew.blocking_wait_us_per_step_by_kind = dict(by_kind_wait)
@@ -323,13 +332,12 @@ def _caused_by_kind(late: int, matched: list[_Matched], calls: dict[int, _RankCa
     for r, c in calls.items():
         if r == late:
             continue
-        moving = IntervalSet.of(c.waited_until, c.end)
+        busy = _busy(c, records[r].compute)
         lasts = np.array([matched[i].last for i in c.matched_index])
         kinds = np.array([matched[i].key[2] for i in c.matched_index])
         for kind in np.unique(kinds[lasts == late]):
             rows = np.flatnonzero((lasts == late) & (kinds == kind))
-            out[str(kind)] += _blocking(c, rows, records[r].compute, moving).wait / (
-                n_ranks * n_steps)
+            out[str(kind)] += _blocking_wait(c, rows, busy) / (n_ranks * n_steps)
     return dict(out)
 
 
