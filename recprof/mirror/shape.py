@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recprof.trace.reader import read_trace
+from recprof.trace.reader import TraceEvent, read_trace
 
 #: fbgemm's table-batched embedding forward on CPU; its CUDA kernels' arguments differ, and a
 #: GPU job's tables are read from its other evidence (listed as not derived where none).
@@ -67,12 +67,6 @@ class RankShape:
     fused_sparse_us: float = 0.0  # per step: TorchRec's sparse update inside the backward
 
 
-def _dims(event: dict[str, Any]) -> list[Any] | None:
-    args = event.get("args")
-    dims = args.get("Input Dims") if isinstance(args, dict) else None
-    return dims if isinstance(dims, list) else None
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -106,26 +100,41 @@ def _table_batch(dims: list[Any]) -> TableBatch | None:
     return TableBatch(weights[0], tables[0], indices[0], offsets[0] - 1)
 
 
+#: The ops whose input shapes say what the model is (the module docstring).
+_SHAPE_OPS = frozenset({"aten::linear", TBE_FORWARD_CPU, "aten::embedding", "aten::embedding_bag"})
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, int | float)
+
+
 def read_rank_shape(path: Path) -> RankShape:
-    """The shapes of one rank's trace, reduced to one step (the first recorded one)."""
+    """The shapes of one rank's trace, reduced to one step (the first recorded one). One
+    pass over the events; only the shape ops' arguments are decoded."""
     raw = read_trace(path)
-    steps = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-        for e in raw.events
-        if isinstance(e, dict) and str(e.get("name", "")).startswith("ProfilerStep#")
-        and isinstance(e.get("ts"), int | float) and isinstance(e.get("dur"), int | float))
+    steps: list[tuple[float, float]] = []
+    fused = 0.0
+    ops: list[tuple[Any, str, TraceEvent]] = []  # (ts, name, event) of shape ops, file order
+    for e in raw.consume():
+        name, ts, dur = e.name, e.ts, e.dur
+        if not isinstance(name, str):
+            continue
+        if name.startswith("ProfilerStep#") and _is_time(ts) and _is_time(dur):
+            steps.append((float(ts), float(ts) + float(dur)))
+        if name.startswith(FUSED_SPARSE_BACKWARD) and _is_time(dur) and dur >= 0:
+            fused += float(dur)
+        if name in _SHAPE_OPS and _is_time(ts):
+            ops.append((ts, name, e))
+    steps.sort()
     first = steps[0] if steps else (float("-inf"), float("inf"))
     shape = RankShape(path=path, steps=len(steps))
-    fused = sum(float(e.get("dur", 0)) for e in raw.events if isinstance(e, dict)
-                and str(e.get("name", "")).startswith(FUSED_SPARSE_BACKWARD)
-                and isinstance(e.get("dur"), int | float) and e["dur"] >= 0)
     shape.fused_sparse_us = fused / max(len(steps), 1)
-    for e in sorted((e for e in raw.events if isinstance(e, dict)
-                     and isinstance(e.get("ts"), int | float)), key=lambda e: e["ts"]):
-        if not first[0] <= e["ts"] < first[1]:
+    for ts, name, event in sorted(ops, key=lambda op: op[0]):
+        if not first[0] <= ts < first[1]:
             continue
-        name, dims = e.get("name"), _dims(e)
-        if not isinstance(name, str) or dims is None:
+        args = raw.args(event)
+        dims = args.get("Input Dims") if isinstance(args, dict) else None
+        if not isinstance(dims, list):
             continue
         if name == "aten::linear":
             layer = _linear(dims)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,10 @@ _HOST_OP_CATS = {"cpu_op", "operator", "user_annotation"}
 _ATEN_OP_CATS = {"cpu_op", "operator"}
 _KIND_INDEX = {kind: i for i, kind in enumerate(COLLECTIVE_KINDS)}
 _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
+_MAX_ID = sanitize.MAX_COUNT
+#: The arguments of a host op that is not a collective call: never read, so never decoded
+#: (shared, and never written to).
+_UNREAD: dict[str, Any] = {}
 
 
 # start, end, name, pid, tid, args, category
@@ -191,6 +196,28 @@ def _marker_at(markers: list[_Marker], starts: np.ndarray, t: float) -> _Marker 
     return None
 
 
+#: What a host op's name makes it (`_host_role`).
+_OP, _STEP_OP, _COLLECTIVE, _GLOO = "op", "step", "collective", "gloo"
+
+
+@cache
+def _host_role(name: str) -> str:
+    """A host op is a step annotation, a gloo transfer, another collective call (whose
+    arguments are read), or an op; names repeat by the hundred thousand, so this is asked once
+    per name."""
+    if _STEP.match(name):
+        return _STEP_OP
+    if name.startswith("gloo:"):
+        return _GLOO
+    return _COLLECTIVE if is_collective_op(name) else _OP
+
+
+def _step_number(name: str) -> int | None:
+    """N of `ProfilerStep#N`, when it is a count (sanitize.MAX_COUNT)."""
+    digits = _STEP.match(name).group(1)  # type: ignore[union-attr]
+    return sanitize.count(int(digits)) if len(digits) <= _STEP_DIGITS else None
+
+
 #: Why an event was skipped (the counts become one warning each), in the order they are told.
 _SKIP_REASONS = {
     "missing_time": "without 'ts'/'dur'",
@@ -203,7 +230,9 @@ _SKIP_REASONS = {
 
 
 def build_rank_trace(raw: RawTrace) -> RankTrace:
-    """Turn one parsed file into a `RankTrace`; raise `TraceFileError` if nothing is usable."""
+    """Turn one file's events into a `RankTrace`; raise `TraceFileError` if nothing is
+    usable. Reads `raw`'s events once (`RawTrace.consume`): the file's text is freed before
+    the columns are built."""
     # Times stay relative to the file's own origin (`baseTimeNanoseconds`): added to it they
     # would be ~1.8e15 us, where float64 resolves only 0.25 us and sub-us kernels blur.
     warnings: list[str] = []
@@ -217,13 +246,19 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
     gloo_ops: list[_HostOp] = []
     has_gpu = has_mtia = False
     first_ts = float("inf")
+    lower: dict[str, str] = {}
+    max_time, max_dur = sanitize.MAX_ABS_TIME_US, sanitize.MAX_DURATION_US
 
-    for ev in raw.events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
+    for ev in raw.consume():
+        if ev.ph != "X":
             continue
-        raw_ts, raw_dur = ev.get("ts"), ev.get("dur")
-        ts = sanitize.time_us(raw_ts, sanitize.MAX_ABS_TIME_US)
-        dur = sanitize.time_us(raw_dur, sanitize.MAX_DURATION_US)
+        # Each field takes the common case (a float time, text, an int id) inline; anything
+        # else goes through sanitize as orjson read it, as when the events were generic dicts.
+        raw_ts, raw_dur = ev.ts, ev.dur
+        ts = (raw_ts if type(raw_ts) is float and -max_time <= raw_ts <= max_time
+              else sanitize.time_us(raw.scalar(raw_ts), max_time))
+        dur = (raw_dur if type(raw_dur) is float and -max_dur <= raw_dur <= max_dur
+               else sanitize.time_us(raw.scalar(raw_dur), max_dur))
         if ts is None or dur is None:
             timed = (isinstance(raw_ts, (int, float)) and isinstance(raw_dur, (int, float))
                      and not isinstance(raw_ts, bool) and not isinstance(raw_dur, bool))
@@ -232,38 +267,51 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
         if dur < 0:
             skipped["negative"] += 1
             continue
-        cat, name = sanitize.text(ev.get("cat") or None), sanitize.text(ev.get("name") or None)
-        pid, tid = sanitize.identity(ev.get("pid")), sanitize.identity(ev.get("tid"))
+        cat, name, pid, tid = ev.cat, ev.name, ev.pid, ev.tid
+        cat = cat if type(cat) is str and cat else sanitize.text(raw.scalar(cat) or None)
+        name = (name if type(name) is str and 0 < len(name) <= sanitize.MAX_NAME_CHARS
+                else sanitize.text(raw.scalar(name) or None))
+        if type(pid) is not int or not -_MAX_ID <= pid <= _MAX_ID:
+            pid = sanitize.identity(raw.scalar(pid))
+        if type(tid) is not int or not -_MAX_ID <= tid <= _MAX_ID:
+            tid = sanitize.identity(raw.scalar(tid))
         if cat is None or name is None or pid is False or tid is False:
             skipped["unreadable"] += 1
             continue
-        first_ts = min(first_ts, ts)
-        cat = cat.lower()
+        if ts < first_ts:
+            first_ts = ts
+        low = lower.get(cat)
+        if low is None:
+            low = lower[cat] = sanitize.bounded_text(cat).lower()
+        cat = low
         end = ts + dur
         if cat in _DEVICE_CATS:
             has_gpu = has_gpu or cat not in _MTIA_DEVICE_CATS
             has_mtia = has_mtia or cat in _MTIA_DEVICE_CATS
             device_events.append((ts, end, cat, name, pid, tid,
-                                  sanitize.event_args(ev.get("args"))))
+                                  sanitize.event_args(raw.args(ev))))
         elif cat in _RUNTIME_CATS:
-            args = ev.get("args")
+            args = raw.args(ev)
             corr = sanitize.count(args.get("correlation")) if isinstance(args, dict) else None
             if corr is not None:
                 launches[corr] = (ts, pid, tid)
         elif cat in _HOST_OP_CATS:
-            match = _STEP.match(name)
-            if match:
-                digits = match.group(1)
-                number = sanitize.count(int(digits)) if len(digits) <= _STEP_DIGITS else None
+            role = _host_role(name)
+            if role is _OP:
+                host_ops.append((ts, end, name, pid, tid, _UNREAD, cat))
+            elif role is _STEP_OP:
+                number = _step_number(name)
                 if number is None:
                     skipped["step_number"] += 1
                     continue
                 steps.append(Step(number, name, ts, end))
                 step_tids[(pid, tid)] += 1
-            elif name.startswith("gloo:"):
-                gloo_ops.append((ts, end, name, pid, tid, sanitize.event_args(ev.get("args")), cat))
             else:
-                host_ops.append((ts, end, name, pid, tid, sanitize.event_args(ev.get("args")), cat))
+                # Only a collective call's arguments are read (its kind, group, size and
+                # splits); an ATen op's `Input Dims` are the bulk of a trace, never decoded.
+                args = sanitize.event_args(raw.args(ev))
+                (gloo_ops if role is _GLOO else host_ops).append(
+                    (ts, end, name, pid, tid, args, cat))
 
     if first_ts == float("inf"):
         problem = "no timed events"

@@ -1,21 +1,34 @@
-"""Read one Kineto trace file into memory, turning every way a file can be broken into one
-`TraceFileError` that names the file.
+"""Read one Kineto trace file into typed events, turning every way a file can be broken into
+one `TraceFileError` that names the file.
 
 Kineto files come as `.json` or `.json.gz`, wrapped (`{"traceEvents": [...]}`) or, in 2021
-generations, as a bare array. orjson parses them faster than the standard library (57 vs 70 ms
-on a 3.9 MB Megatron rank file here) and writes the analysis document with integer keys.
+generations, as a bare array. msgspec decodes them without ever building the generic tree of
+dicts `orjson.loads` builds (docs/analysis.md, "Decoding", has the measurements):
+- the document once, with `traceEvents` kept as one raw JSON slice per element
+  (`msgspec.Raw`, 16 bytes of pointers each, no copy of the text);
+- then each element, one at a time as build.py reads it, into a `TraceEvent` holding only the
+  fields the trace model reads, so at most one event's objects are alive beside the buffer;
+- an event's `args` stay raw until build.py asks for them: most events' arguments (`Input
+  Dims` and `Concrete Inputs` of every ATen op) are never decoded.
+Every field is typed loosely (`Any`), as a hostile file may put anything anywhere; build.py
+checks each value through sanitize.py exactly as it did when the tree was generic. A value
+that orjson refused (an invalid UTF-8 string, a number beyond float range) still fails the
+file with orjson's words once it is decoded; in bytes that are never decoded it no longer
+matters.
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 import stat
+import sys
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from recprof.errors import RecprofError
@@ -25,6 +38,11 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 #: tens of GB) is refused here rather than exhausting memory. The largest real trace seen is
 #: 61 MB (field notes).
 MAX_DECOMPRESSED_BYTES = 4 << 30
+#: JSON nesting refused, as orjson (which wrote the analysis before) refuses it: nothing real
+#: nests beyond ten levels, and a hostile file nested deeper must fail the same way.
+MAX_JSON_DEPTH = 1024
+#: Compressed bytes read at a time from a `.gz` file.
+_GZIP_CHUNK = 1 << 20
 
 
 class TraceFileError(RecprofError):
@@ -36,60 +54,198 @@ class TraceFileError(RecprofError):
         self.problem = problem
 
 
+class TraceEvent(msgspec.Struct, gc=False):
+    """An event object of `traceEvents`, with the fields the trace model reads. Each may hold
+    any JSON value (sanitize.py decides what is usable); `args` is the raw JSON of the event's
+    arguments, decoded by `RawTrace.args` for the few events whose arguments are read.
+    `gc=False`: an event holds no cycles and need not be tracked."""
+
+    ph: Any = None
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+#: An element of `traceEvents`: an event object, or any other JSON value (skipped by build).
+_Element = TraceEvent | list[Any] | str | int | float | bool | None
+#: `traceEvents` as found: a list of raw elements or anything else (refused below).
+_Events = list[msgspec.Raw] | dict[str, Any] | str | int | float | bool | None
+
+
+class _Document(msgspec.Struct):
+    """A wrapped trace: its events and the top-level metadata build.py reads."""
+
+    traceEvents: _Events | msgspec.UnsetType = msgspec.UNSET
+    distributedInfo: Any | msgspec.UnsetType = msgspec.UNSET
+    deviceProperties: Any | msgspec.UnsetType = msgspec.UNSET
+    baseTimeNanoseconds: Any | msgspec.UnsetType = msgspec.UNSET
+    host_name: Any | msgspec.UnsetType = msgspec.UNSET
+    hip_runtime_version: Any | msgspec.UnsetType = msgspec.UNSET
+    roctracer_version: Any | msgspec.UnsetType = msgspec.UNSET
+
+
+_DOCUMENT = msgspec.json.Decoder(_Document | list[msgspec.Raw] | str | int | float | bool | None)
+_ELEMENT = msgspec.json.Decoder(_Element)
+_ANY = msgspec.json.Decoder()
+_META_KEYS = tuple(k for k in _Document.__struct_fields__ if k != "traceEvents")
+_JSON_ERRORS = (msgspec.DecodeError, RecursionError, UnicodeDecodeError)
+_DEEPEST = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
+#: The integers orjson reads as integers; it reads longer ones as floats.
+_ORJSON_INTS = range(-(2**63), 2**64)
+
+
 @dataclass
 class RawTrace:
-    """A parsed file: its events and the top-level metadata beside them."""
+    """A file split into its events, still raw JSON, and the top-level metadata beside them
+    (only the keys build.py reads; `hip_runtime_version` and `roctracer_version` count by
+    presence). `data` is the file's text, which the raw events are slices of."""
 
     path: Path
-    events: list[dict[str, Any]]
+    events: list[msgspec.Raw]
     meta: dict[str, Any] = field(default_factory=dict)
+    data: bytes | bytearray | None = None
+
+    def consume(self) -> Iterator[TraceEvent]:
+        """Every event object (other elements are skipped), decoded one at a time. One pass:
+        the raw events and the file's text are released as it ends."""
+        events, self.events = self.events, []
+        decode = _ELEMENT.decode
+        for element in events:
+            try:
+                event = decode(element)
+            except _JSON_ERRORS:
+                event = self._decode(_ELEMENT, element)  # deeper stack, or the file fails
+            if type(event) is TraceEvent:
+                yield event
+        del events
+        self.data = None
+
+    def scalar(self, value: Any) -> Any:
+        """`value` as orjson read it, for a field that is not the common case: an integer
+        beyond 64 bits is a float to orjson (msgspec keeps it whole), and one beyond float
+        range fails the file as orjson failed it."""
+        if type(value) is not int or value in _ORJSON_INTS:
+            return value
+        try:
+            return float(value)
+        except OverflowError as exc:
+            problem = _json_problem(self.data, exc) if self.data is not None else str(exc)
+            raise TraceFileError(self.path, f"invalid JSON ({problem})") from None
+
+    def args(self, event: TraceEvent) -> Any:
+        """The event's arguments as JSON values; None where it has none."""
+        return self._decode(_ANY, event.args) if event.args else None
+
+    def _decode(self, decoder: msgspec.json.Decoder, raw: msgspec.Raw) -> Any:
+        """`raw` decoded; a value orjson refused fails the file as it did. The document's
+        decode bounded the nesting; only a fragment nested close to the bound needs the
+        deeper stack."""
+        try:
+            try:
+                return decoder.decode(raw)
+            except RecursionError:
+                return _decode_bounded(decoder, raw)
+        except _JSON_ERRORS as exc:
+            problem = _json_problem(self.data, exc) if self.data is not None else str(exc)
+            raise TraceFileError(self.path, f"invalid JSON ({problem})") from None
 
 
 def is_trace_file(path: Path) -> bool:
     return path.name.endswith(TRACE_SUFFIXES)
 
 
-def read_bytes(path: Path, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+def read_bytes(path: Path, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes | bytearray:
     """The file's bytes, decompressed for `.gz`. Only regular files are opened: reading a
-    FIFO or a device named `x.json` would block or never end."""
+    FIFO or a device named `x.json` would block or never end. A `.gz` file is inflated a
+    chunk at a time into one buffer, never holding the whole compressed file or a second
+    copy of the inflated one."""
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             raise TraceFileError(path, "not a regular file")
-        data = path.read_bytes()
+        if not path.name.endswith(".gz"):
+            return path.read_bytes()
+        with path.open("rb") as raw, gzip.GzipFile(fileobj=raw) as fh:
+            return _inflate(path, fh, max_bytes)
     except OSError as exc:
-        raise TraceFileError(path, f"cannot read ({exc.strerror or exc})") from None
-    if path.name.endswith(".gz"):
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as fh:
-                data = fh.read(max_bytes + 1)
-        except (OSError, EOFError, zlib.error) as exc:
+        if isinstance(exc, gzip.BadGzipFile):
             raise TraceFileError(path, f"not a valid gzip file ({exc})") from None
-        if len(data) > max_bytes:
-            raise TraceFileError(path, f"decompresses to more than {max_bytes >> 20} MB; "
-                                       "refused as a likely gzip bomb")
-    return data
+        raise TraceFileError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+def _inflate(path: Path, fh: gzip.GzipFile, max_bytes: int) -> bytearray:
+    out = bytearray()
+    try:
+        while chunk := fh.read(min(_GZIP_CHUNK, max_bytes + 1 - len(out))):
+            out += chunk
+            if len(out) > max_bytes:
+                raise TraceFileError(path, f"decompresses to more than {max_bytes >> 20} MB; "
+                                           "refused as a likely gzip bomb")
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceFileError(path, f"not a valid gzip file ({exc})") from None
+    return out
 
 
 def read_trace(path: Path) -> RawTrace:
-    """Parse a trace file; raise `TraceFileError` for anything that is not a Kineto trace."""
+    """Split a trace file into raw events; raise `TraceFileError` for anything that is not a
+    Kineto trace."""
     data = read_bytes(path)
-    if not data.strip():
+    if not data or data.isspace():
         raise TraceFileError(path, "file is empty")
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise TraceFileError(path, f"invalid JSON ({exc})") from None
+        doc = _decode_bounded(_DOCUMENT, data)
+    except _JSON_ERRORS as exc:
+        raise TraceFileError(path, f"invalid JSON ({_json_problem(data, exc)})") from None
     if isinstance(doc, list):
         events, meta = doc, {}
-    elif isinstance(doc, dict):
-        if "traceEvents" not in doc:
+    elif isinstance(doc, _Document):
+        if doc.traceEvents is msgspec.UNSET:
             raise TraceFileError(path, "JSON has no 'traceEvents' key; not a Kineto trace")
-        events = doc["traceEvents"]
-        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+        events = doc.traceEvents
+        meta = {k: v for k in _META_KEYS if (v := getattr(doc, k)) is not msgspec.UNSET}
     else:
         raise TraceFileError(path, f"top-level JSON is a {type(doc).__name__}, not a trace")
     if not isinstance(events, list):
         raise TraceFileError(path, "'traceEvents' is not a list")
     if not events:
         raise TraceFileError(path, "trace holds no events")
-    return RawTrace(path=path, events=events, meta=meta)
+    return RawTrace(path=path, events=events, meta=meta, data=data)
+
+
+def _decode_bounded(decoder: msgspec.json.Decoder, data: Any) -> Any:
+    """`decoder.decode(data)`, nesting exactly MAX_JSON_DEPTH levels as orjson (and so every
+    earlier recprof) did. msgspec counts nesting on Python's recursion limit, which would
+    refuse ~990 levels here, fewer under a deep caller, and any depth a raised limit allows;
+    so the limit is set, for this call, to the lowest at which MAX_JSON_DEPTH levels decode
+    from this very frame (a bisection of ~11 probes of 2 KB each, once per file)."""
+    old = sys.getrecursionlimit()
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    lo, hi = depth + MAX_JSON_DEPTH, depth + 2 * MAX_JSON_DEPTH
+    try:
+        while lo < hi:
+            mid = (lo + hi) // 2
+            sys.setrecursionlimit(mid)
+            try:
+                _ANY.decode(_DEEPEST)
+                hi = mid
+            except RecursionError:
+                lo = mid + 1
+        sys.setrecursionlimit(lo)
+        return decoder.decode(data)
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def _json_problem(data: bytes | bytearray, exc: Exception) -> str:
+    """What is wrong with the JSON, in orjson's words when orjson refuses it too (the words
+    every earlier recprof printed: line and column, not msgspec's byte offset)."""
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError as reason:
+        return str(reason)
+    return str(exc)

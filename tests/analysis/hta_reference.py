@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from recprof.analysis.breakdown import ClassUnions, step_metrics, sum_metrics
 from recprof.analysis.intervals import IntervalSet
@@ -102,13 +103,16 @@ def load_rank_input(path: Path) -> RankInput:
     A GPU-set event is kept iff a kept non-GPU event shares its correlation id; a non-GPU
     event is kept iff it starts before the last ProfilerStep row among the non-GPU events.
     """
-    raw = read_trace(path)
+    trace = build_rank_trace(read_trace(path))
+    # HTA's definitions read fields recprof's typed events leave out: the events again, generic.
+    doc = orjson.loads(read_bytes(path))
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
     extras: list[tuple[float, float, str, bool, int | None]] = []
     host_corr_start: dict[int, float] = {}
     step_starts: list[float] = []
     step_names: set[str] = set()
     rounds = False
-    for ev in raw.events:
+    for ev in events:
         if not isinstance(ev, dict):
             continue
         ts, dur = ev.get("ts"), ev.get("dur")
@@ -136,7 +140,6 @@ def load_rank_input(path: Path) -> RankInput:
     last = max(step_starts, default=math.inf)
     kept = [host_corr_start.get(c, math.inf) < last if gpu and c is not None else s < last
             for s, _, _, gpu, c in extras]
-    trace = build_rank_trace(raw)
     return RankInput(str(path), trace.header.rank, trace,
                      np.asarray([e[0] for e in extras]), np.asarray([e[1] for e in extras]),
                      [e[2] for e in extras], np.asarray(kept, dtype=bool), last, step_names,
