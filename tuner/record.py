@@ -30,6 +30,7 @@ class Role(StrEnum):
 
     BASELINE = "baseline"  # the synchronous fp32 baseline every trial is compared with
     ENQUEUED = "enqueued"  # a config from the space file's `enqueue` list
+    PREDICTED = "predicted"  # the what-if prior's predicted best unmeasured config
 
 
 class Status(StrEnum):
@@ -144,6 +145,8 @@ class TrialRecord:
     report: str | None = None  # the trial's bottleneck report
     quality_metric: str | None = None
     quality_loss: float | None = None  # against the baseline; positive = worse
+    #: samples/s `recprof whatif` predicted from the baseline's capture (tuner/prior.py)
+    predicted: float | None = None
 
     @property
     def exposed_ratio(self) -> float | None:
@@ -213,6 +216,7 @@ class TrialRecord:
             "report": self.report,
             "quality_metric": self.quality_metric,
             "quality_loss": self.quality_loss,
+            "predicted_throughput": self.predicted,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -253,6 +257,7 @@ class TrialRecord:
             report=attrs.get("report"),
             quality_metric=attrs.get("quality_metric"),
             quality_loss=attrs.get("quality_loss"),
+            predicted=attrs.get("predicted_throughput"),
         )
 
     @classmethod
@@ -328,6 +333,10 @@ class StudyRecord:
     pruning_basis: str | None = None
     #: The captured job the base config mirrors (`recprof tune --like`), in words.
     mirrors: str | None = None
+    #: Config key -> samples/s predicted from the baseline's capture (tuner/prior.py); None
+    #: until decided (once, after the baseline), empty when no prediction could be made.
+    predictions: dict[str, float] | None = None
+    prior_basis: str | None = None
 
     def encode(self) -> dict[str, Any]:
         attrs = {
@@ -336,6 +345,8 @@ class StudyRecord:
             "objective": self.objective,
             "pruned_knobs": self.pruned_knobs,
             "pruning_basis": self.pruning_basis,
+            "whatif_predictions": self.predictions,
+            "whatif_basis": self.prior_basis,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -348,6 +359,8 @@ class StudyRecord:
             pruned_knobs=attrs.get("pruned_knobs"),
             pruning_basis=attrs.get("pruning_basis"),
             mirrors=attrs.get("recprof.mirrors"),
+            predictions=attrs.get("whatif_predictions"),
+            prior_basis=attrs.get("whatif_basis"),
         )
 
     def save(self, study: optuna.Study) -> None:

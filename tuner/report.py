@@ -141,6 +141,23 @@ def _pruned(study: optuna.Study) -> Section:
     return Section("pruned", "Knobs skipped after the baseline", blocks)
 
 
+def _prior(study: optuna.Study, rows: list[TrialRow]) -> Section:
+    """What the what-if prior rested on, and how its predictions compared with the runs."""
+    stored = StudyRecord.load(study)
+    blocks: list[Block] = [Paragraph(
+        f"Basis: {stored.prior_basis or 'baseline not captured yet'}", css="muted")]
+    errors = [abs(t.value - r.predicted) / t.value for t, r in rows
+              if r.predicted and t.value and t.state == TrialState.COMPLETE and r.ran]
+    if errors:
+        errors.sort()
+        blocks.append(Paragraph(
+            f"Raw prediction vs measured samples/s over {len(errors)} runs: median |error| "
+            f"{errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%}. Trials queued as "
+            "'predicted' were the prior's best unmeasured config after re-fitting on every "
+            "measured trial; the table below lists each trial's raw prediction."))
+    return Section("prior", "What-if prior (predicted before running)", blocks)
+
+
 def _figure(
     sid: str,
     title: str,
@@ -166,7 +183,7 @@ def _trial_row(
 ) -> list[Cell]:
     value = t.value if t.state == TrialState.COMPLETE else None
     status = (rec.status or t.state.name.lower()) + (
-        " (baseline)" if rec.role == Role.BASELINE else ""
+        f" ({rec.role.value})" if rec.role in (Role.BASELINE, Role.PREDICTED) else ""
     )
     feasible = "" if value is None else ("yes" if figures.feasible(t) else "no")
     top = rec.analysis.findings[0] if rec.analysis and rec.analysis.findings else None
@@ -180,6 +197,8 @@ def _trial_row(
         Cell(status),
         Cell(knobs_text(rec.knobs or t.params), css="name"),
         Cell("" if value is None else f"{value:,.1f}", sort=value, css="num"),
+        Cell("" if rec.predicted is None else f"{rec.predicted:,.1f}", sort=rec.predicted,
+             css="num"),
         Cell(
             "" if value is None or not base_value else f"{value / base_value:.2f}x",
             sort=value / base_value if value is not None and base_value else None,
@@ -214,6 +233,7 @@ def _all_trials(rows: list[TrialRow], base: TrialRow | None, start: Path) -> Sec
                     Column("status"),
                     Column("config"),
                     Column("samples/s", True),
+                    Column("predicted", True),
                     Column("vs baseline", True),
                     Column("exposed ratio", True),
                     Column("quality loss", True),
@@ -243,6 +263,7 @@ def tuning_part(
         _best_vs_baseline(rec, sum(r.ran for _, r in rows), len(rows)),
         _baseline_diagnosis(base, start),
         _pruned(study),
+        _prior(study, rows),
         _figure(
             "history",
             "Optimisation history",

@@ -37,6 +37,8 @@ from recprof.nestpipe.knobs import (
     knobs_key,
     knobs_label,
 )
+from tuner import figures
+from tuner.prior import Prior, build_prior
 from tuner.progress import TuneProgress
 from tuner.pruning import prune_knobs
 from tuner.recommend import Recommendation, recommend, write_recommendation
@@ -255,7 +257,50 @@ class Tuner:
                 params = {k: v for k, v in entry.items() if k not in pruned}
                 self.study.enqueue_trial(params, user_attrs=enqueued)
         pruned_knobs = StudyRecord.load(self.study).pruned_knobs or {}
-        return {k: self.baseline_knobs[k] for k in pruned_knobs}
+        fixed = {k: self.baseline_knobs[k] for k in pruned_knobs}
+        if StudyRecord.load(self.study).prior_basis is None:
+            self._predict_candidates(baseline, fixed)
+        return fixed
+
+    def _predict_candidates(self, baseline: FrozenTrial, fixed: Mapping[str, Any]) -> None:
+        """Predict every candidate from the baseline's capture, once per study."""
+        candidates = [k for k in self.space.grid(self.shape)
+                      if all(k.get(n) == v for n, v in fixed.items())]
+        trial_dir = TrialRecord.load(baseline).trial_dir
+        self.console.print(f"predicting {len(candidates)} configs from the baseline's capture "
+                           "(recprof whatif)", highlight=False)
+        try:
+            if not self.capture or trial_dir is None:
+                raise RecprofError("capture is off")
+            prior = build_prior(Path(trial_dir) / "capture", candidates,
+                                int(self.base.get("batch_size", 0)) or 1)
+            record = StudyRecord(predictions=prior.predicted, prior_basis=prior.basis)
+        except RecprofError as exc:
+            record = StudyRecord(predictions={}, prior_basis=f"none: {exc}")
+        self.console.print(f"prior: {escape(record.prior_basis or '')}", highlight=False)
+        record.save(self.study)
+
+    def _prior(self) -> Prior | None:
+        stored = StudyRecord.load(self.study)
+        if not stored.predictions:
+            return None
+        return Prior(stored.predictions, stored.prior_basis or "")
+
+    def _queue_predicted(self, fixed: Mapping[str, Any]) -> None:
+        """Queue the predicted best unmeasured config (re-fitted on every measured trial) when
+        nothing else is queued and it is predicted to beat the best measured one."""
+        prior = self._prior()
+        trials = self._trials()
+        if prior is None or any(t.state == TrialState.WAITING for t in trials):
+            return
+        complete = [(t, rec) for t in trials if t.state == TrialState.COMPLETE
+                    and t.value is not None and (rec := TrialRecord.load(t)).ran and rec.knobs]
+        measured = [(rec.knobs, t.value) for t, rec in complete]
+        feasible = [t.value for t, _ in complete if figures.feasible(t)]
+        pick = prior.next_config(self._unseen(fixed), measured, max(feasible, default=0.0))
+        if pick is not None:
+            params = {k: v for k, v in pick.items() if k in self.space.choices}
+            self.study.enqueue_trial(params, user_attrs=TrialRecord(role=Role.PREDICTED).encode())
 
     # -- one trial -----------------------------------------------------------------------------
 
@@ -310,6 +355,7 @@ class Tuner:
         rec.ran = True
         rec.status = outcome.status
         rec.wall_s = round(outcome.wall_s, 3)
+        rec.predicted = (StudyRecord.load(self.study).predictions or {}).get(knobs_key(knobs))
         if not outcome.ok:
             rec.reason = outcome.reason
             rec.save(trial)
@@ -379,6 +425,8 @@ class Tuner:
             if repeats >= _MAX_REPEATS:
                 self.study.enqueue_trial(self._rng.choice(self._unseen(fixed)))
                 repeats = 0
+            elif baseline is not None:
+                self._queue_predicted(fixed)
             trial = self.workers.ask()
             try:
                 with self.workers.beating(trial):

@@ -23,6 +23,8 @@ from recprof.whatif.traffic import Traffic, traffic
 SCHEMA = "recprof.whatif/1"
 #: Knobs the replay models for the built-in trainer; the others are refused with a reason.
 MODELLED = ("micro_batches", "hsp_groups", "qcomms", "reshape", "dbp", "clustering", "sharding")
+#: The knobs that change which rows travel (qcomms changes only their width).
+_ROUTING = tuple(k for k in MODELLED if k != "qcomms")
 _NOT_MODELLED = {
     "fuse_tables": "one all-to-all per table is not in the replayed schedule",
 }
@@ -107,7 +109,7 @@ class Predictor:
         self.target = target
 
     def _traffic_of(self, knobs: dict[str, Any]) -> Traffic:
-        key = repr(sorted((k, knobs[k]) for k in MODELLED))
+        key = repr(sorted((k, knobs[k]) for k in _ROUTING))
         if key not in self._traffic:
             self._traffic[key] = traffic(with_knobs(self.cfg, knobs), self.base.world)
         return self._traffic[key]

@@ -20,7 +20,7 @@ from typing import Any
 from recprof.whatif.baseline import DENSE_STAGES, Baseline
 from recprof.whatif.costs import LinkFit
 from recprof.whatif.replay import Collective, Compute, Post, Program, Wait
-from recprof.whatif.traffic import Traffic
+from recprof.whatif.traffic import KEY_BYTES, Traffic, wire_bytes
 
 
 @dataclass
@@ -67,17 +67,19 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         colls[name].transfer_us = max(colls[name].transfer_us, cost)
         return name
 
+    fwd_row, bwd_row, hsp_row = wire_bytes(with_knobs(cfg, knobs))
     for r, rb in base.ranks.items():
         c = {k: v * compute_scale for k, v in rb.compute_us.items()}
         tr, ref = scenario.ranks[r], reference.ranks[r]
         group = tuple(range((r // size) * size, (r // size + 1) * size))
         replicas = tuple(r % size + g * size for g in range(groups))
-        rows_ratio = _ratio(sum(tr.rows_fwd) + sum(tr.dbp_refresh[2:]), sum(ref.rows_fwd))
-        lookup = c.get("embedding_lookup", 0.0) * rows_ratio
-        gather_rate = c.get("embedding_lookup", 0.0) / max(sum(ref.rows_fwd), 1.0)  # us per B
-        codec_fwd = gather_rate * sum(ref.rows_fwd) * rows_ratio * (codec.encode + codec.decode)
-        codec_bwd = gather_rate * sum(ref.grads_bwd) * _ratio(
-            sum(tr.grads_bwd), sum(ref.grads_bwd)) * (codec.encode + codec.decode)
+        # The owners' gather and the codec work scale with the rows they touch.
+        fetched = _ratio(sum(tr.rows_fwd) + tr.refresh_rows, sum(ref.rows_fwd))
+        returned = _ratio(sum(tr.rows_bwd), sum(ref.rows_bwd))
+        gather = c.get("embedding_lookup", 0.0)
+        lookup = gather * fetched
+        codec_fwd = gather * fetched * (codec.encode + codec.decode)
+        codec_bwd = gather * returned * (codec.encode + codec.decode)
         fetch: Program = [
             Compute("data_loading", c.get("data_loading", 0.0)),
             Compute("input_dist", c.get("input_dist", 0.0)),
@@ -87,7 +89,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
             Wait(f"key1@{group}", "input_dist"),
             Compute("embedding_lookup", lookup + codec_fwd / 2),
         ]
-        fetch += [Post(coll(f"fwd{m}@{group}", "all_to_all", group, tr.rows_fwd[m]))
+        fetch += [Post(coll(f"fwd{m}@{group}", "all_to_all", group, tr.rows_fwd[m] * fwd_row))
                   for m in range(n)]
         program: Program = []
         if dbp:
@@ -107,15 +109,17 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                 program.append(Compute(stage, fixed + (whole - fixed) / n))
             program.append(Compute("embedding_grad_a2a",
                                    (c.get("embedding_grad_a2a", 0.0) + codec_bwd / 2) / n))
-            program.append(Post(coll(f"bwd{m}@{group}", "all_to_all", group, tr.grads_bwd[m])))
+            program.append(Post(coll(f"bwd{m}@{group}", "all_to_all", group,
+                                     tr.rows_bwd[m] * bwd_row)))
         dense_bytes = _mean(rb.bytes_by_purpose.get("dense_grads"))
         program += [Compute("dense_allreduce", c.get("dense_allreduce", 0.0)),
                     Post(coll("dense", "all_reduce", tuple(sorted(base.ranks)), dense_bytes))]
         program += [Wait(f"bwd{m}@{group}", "embedding_grad_a2a") for m in range(n)]
         program.append(Compute("embedding_grad_a2a", codec_bwd / 2))
         if groups > 1:
-            for i, (kind, nbytes) in enumerate((("all_gather", 8.0), ("all_gather", tr.hsp_ids),
-                                                 ("all_reduce", tr.hsp_grads))):
+            hsp = (("all_gather", KEY_BYTES), ("all_gather", tr.hsp_ids),
+                   ("all_reduce", tr.hsp_rows * hsp_row))
+            for i, (kind, nbytes) in enumerate(hsp):
                 name = coll(f"hsp{i}@{replicas}", kind, replicas, nbytes)
                 program += [Post(name), Wait(name, "embedding_grad_a2a")]
         optimizer = c.get("optimizer", 0.0)
@@ -123,7 +127,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                     Compute("optimizer", optimizer / 2)]
         if dbp:
             program.append(Wait(f"key1@{group}", "dbp_refresh"))
-            for i, nbytes in enumerate(tr.dbp_refresh):
+            for i, nbytes in enumerate((*tr.refresh_keys, tr.refresh_rows * (KEY_BYTES + fwd_row))):
                 name = coll(f"refresh{i}@{group}", "all_to_all", group, nbytes)
                 program += [Post(name), Wait(name, "embedding_a2a")]
         program += [Compute("other", c.get("other", 0.0) + rb.unattributed_us * compute_scale)]

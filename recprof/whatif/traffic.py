@@ -5,8 +5,9 @@ changes how they split into chunks, in ways that depend on the keys: Zipf skew, 
 table sizes. For a built-in trainer job the keys are known exactly (its synthetic source is a
 pure function of the config), so this module draws the job's own batches and routes them with
 the trainer's own code (micro-batch split, table layout), counting rows per collective instead
-of guessing a formula. Byte counts follow the analyzer's convention for a rank's message: the
-larger of what it sends and what it receives (trace/vocabulary.message_bytes).
+of guessing a formula. Counts follow the analyzer's convention for a rank's message: the
+larger of what it sends and what it receives (trace/vocabulary.message_bytes). Rows are
+counted, not bytes, so one count serves every wire precision (`wire_bytes` converts).
 
 Needs torch (the trainer's data source); callers refuse the knobs that need it without it.
 """
@@ -28,17 +29,31 @@ KEY_BYTES = 8
 
 @dataclass
 class RankTraffic:
-    """Message bytes of one rank's collectives in one step (means over the sampled batches).
+    """One rank's collectives in one step (means over the sampled batches).
 
     Lists are per micro-batch chunk; with DBP the fetch chunks are the prefetch's."""
 
-    key_routing: list[float] = field(default_factory=list)  # the two routing all-to-alls
-    rows_fwd: list[float] = field(default_factory=list)
-    grads_bwd: list[float] = field(default_factory=list)
-    hsp_ids: float = 0.0  # all-gather of touched row ids (x2: counts, then ids)
-    hsp_grads: float = 0.0  # all-reduce of the union's gradients
-    dbp_refresh: list[float] = field(default_factory=list)  # counts, positions, rows
+    key_routing: list[float] = field(default_factory=list)  # bytes of the two routing a2as
+    rows_fwd: list[float] = field(default_factory=list)  # rows per fetch chunk
+    rows_bwd: list[float] = field(default_factory=list)  # gradient rows per chunk
+    hsp_ids: float = 0.0  # bytes of the all-gather of touched row ids
+    hsp_rows: float = 0.0  # rows in the all-reduce of the replicas' union
+    refresh_keys: list[float] = field(default_factory=list)  # bytes: counts, positions
+    refresh_rows: float = 0.0  # DBP's refreshed rows
     rows_requested: float = 0.0  # unique rows this rank fetches per step (all chunks)
+
+
+def wire_bytes(cfg: TrainConfig) -> tuple[int, int, int]:
+    """Bytes per row on the wire under `cfg`: forward rows, backward gradients, and an HSP
+    all-reduce row (which travels in the run's dtype)."""
+    import torch
+
+    from recprof.nestpipe.qcomms import Codec
+
+    dtype = cfg.float_dtype()
+    return (Codec(cfg.qcomms, "fwd", dtype).row_bytes(cfg.dim),
+            Codec(cfg.qcomms, "bwd", dtype).row_bytes(cfg.dim),
+            cfg.dim * torch.empty(0, dtype=dtype).element_size())
 
 
 @dataclass
@@ -47,14 +62,9 @@ class Traffic:
     batches: int
 
 
-def _row_bytes(cfg: TrainConfig) -> int:
-    from recprof.nestpipe.qcomms import Codec
-
-    return Codec(cfg.qcomms, "fwd", cfg.float_dtype()).row_bytes(cfg.dim)
-
-
 def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
-    """Each rank's message bytes per step under `cfg` on `world` ranks."""
+    """Each rank's messages per step under `cfg` on `world` ranks (`cfg.qcomms` plays no
+    part: rows are counted)."""
     import torch
 
     from recprof.nestpipe.data import SyntheticSource
@@ -67,14 +77,9 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
     tables_of = [f % cfg.num_tables for f in range(cfg.num_features)]
     layout = Layout(rows, group, cfg.sharding)
     source = SyntheticSource(cfg)
-    fwd_bytes = _row_bytes(cfg)
-    from recprof.nestpipe.qcomms import Codec
-
-    bwd_bytes = Codec(cfg.qcomms, "bwd", cfg.float_dtype()).row_bytes(cfg.dim)
-    elem = torch.empty(0, dtype=cfg.float_dtype()).element_size()
     n = cfg.micro_batches
-    totals = {r: RankTraffic(key_routing=[0.0, 0.0], rows_fwd=[0.0] * n, grads_bwd=[0.0] * n,
-                             dbp_refresh=[0.0, 0.0, 0.0]) for r in range(world)}
+    totals = {r: RankTraffic(key_routing=[0.0, 0.0], rows_fwd=[0.0] * n, rows_bwd=[0.0] * n,
+                             refresh_keys=[0.0, 0.0]) for r in range(world)}
     batches = range(first_batch, first_batch + SAMPLED_BATCHES)
     previous: dict[int, dict[int, set[int]]] | None = None  # rank -> table -> rows
     for index in batches:
@@ -98,25 +103,24 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
                 first = torch.full_like(uniq, n).scatter_reduce_(0, inverse, user, "amin")
                 last = torch.zeros_like(uniq).scatter_reduce_(0, inverse, user, "amax")
                 windows[r][t] = (uniq.numpy(), first.numpy(), last.numpy())
-        _count_step(windows, totals, layout, group, world, n, fwd_bytes, bwd_bytes, elem,
-                    cfg, previous)
+        _count_step(windows, totals, layout, group, world, n, cfg, previous)
         previous = {r: {t: set(w[0].tolist()) for t, w in tabs.items()}
                     for r, tabs in windows.items()}
     k = len(batches)
     for tr in totals.values():
         tr.key_routing = [b / k for b in tr.key_routing]
         tr.rows_fwd = [b / k for b in tr.rows_fwd]
-        tr.grads_bwd = [b / k for b in tr.grads_bwd]
-        tr.dbp_refresh = [b / k for b in tr.dbp_refresh]
+        tr.rows_bwd = [b / k for b in tr.rows_bwd]
+        tr.refresh_keys = [b / k for b in tr.refresh_keys]
         tr.hsp_ids /= k
-        tr.hsp_grads /= k
+        tr.hsp_rows /= k
+        tr.refresh_rows /= k
         tr.rows_requested /= k
     return Traffic(totals, k)
 
 
-def _count_step(windows, totals, layout, group, world, n, fwd_bytes, bwd_bytes, elem, cfg,
-                previous) -> None:
-    """Add one step's bytes per rank (send and receive counted per peer, max taken)."""
+def _count_step(windows, totals, layout, group, world, n, cfg, previous) -> None:
+    """Add one step's messages per rank (send and receive counted per peer, max taken)."""
     import torch
 
     # sends[(kind, m)][src][dst] rows
@@ -167,16 +171,16 @@ def _count_step(windows, totals, layout, group, world, n, fwd_bytes, bwd_bytes, 
         tr.key_routing[0] += KEY_BYTES * units * group
         tr.key_routing[1] += message(keys.T, r, KEY_BYTES)
         for m in range(n):
-            tr.rows_fwd[m] += message(fwd[m], r, fwd_bytes)
-            tr.grads_bwd[m] += message(bwd[m], r, bwd_bytes)
+            tr.rows_fwd[m] += message(fwd[m], r, 1)
+            tr.rows_bwd[m] += message(bwd[m], r, 1)
         if cfg.hsp_groups > 1:
             local = r % group
             replicas = [local + g * group for g in range(cfg.hsp_groups)]
             union = set().union(*(touched[x] for x in replicas))
             longest = max(len(touched[x]) for x in replicas)
-            tr.hsp_ids += KEY_BYTES * (1 + longest)
-            tr.hsp_grads += len(union) * cfg.dim * elem
+            tr.hsp_ids += KEY_BYTES * longest
+            tr.hsp_rows += len(union)
         if cfg.dbp:
-            tr.dbp_refresh[0] += KEY_BYTES * group
-            tr.dbp_refresh[1] += message(refresh, r, KEY_BYTES)
-            tr.dbp_refresh[2] += message(refresh, r, fwd_bytes)
+            tr.refresh_keys[0] += KEY_BYTES * group
+            tr.refresh_keys[1] += message(refresh, r, KEY_BYTES)
+            tr.refresh_rows += message(refresh, r, 1)
