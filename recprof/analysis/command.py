@@ -42,13 +42,15 @@ def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: 
     err = Console(stderr=True, soft_wrap=True)
     executor = open_executor(scheduler, workers)
     with executor or nullcontext(), Progress(
-            TextColumn("analysing ranks"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=err, transient=True,
             disable=not err.is_terminal) as bar:
-        task = bar.add_task("read", total=None)
+        task = bar.add_task("analysing ranks", total=None)
 
         def on_progress(done: int, total: int, _path: str) -> None:
-            bar.update(task, completed=done, total=total)
+            # The last rank in, the cross-rank steps run here (seconds at 10,000 ranks).
+            bar.update(task, completed=done, total=total, description="analysing ranks"
+                       if done < total else "cross-rank analysis")
 
         return analyze_paths(paths, steps, progress=on_progress, executor=executor)
 
