@@ -9,8 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
 import pytest
@@ -19,11 +20,15 @@ from recprof.analysis import analyze_paths
 from recprof.analysis.executors import (
     DASK_INSTALL_HINT,
     DaskCluster,
+    Executor,
     InProcess,
     LocalPool,
     WorkerLost,
     batch_size,
 )
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 SST = "torchrec_pr1460/trace/sst_long_a2a_optimizer"
 #: More ranks than timelines kept (16), so the chosen ranks' timelines are rebuilt on the
@@ -57,6 +62,24 @@ def replicated(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory) ->
                                   "world_size": REPLICATED_RANKS}
         (out / f"rank{rank:03d}.pt.trace.json").write_bytes(orjson.dumps(doc))
     return out
+
+
+class _Backwards(Executor):
+    """Finishes the items last to first: the worst order a cluster could return them in."""
+
+    def map(self, fn: Callable[[T], R], items: Sequence[T]
+            ) -> Iterator[tuple[int, R | WorkerLost]]:
+        for i in reversed(range(len(items))):
+            yield i, fn(items[i])
+
+
+def test_the_document_does_not_depend_on_completion_order(shared_traces: Path,
+                                                          tmp_path: Path) -> None:
+    for src in (shared_traces / SST).iterdir():
+        shutil.copy(src, tmp_path / src.name)
+    for name in ("a_broken.pt.trace.json", "z_broken.pt.trace.json"):
+        (tmp_path / name).write_text("{nope")
+    _documents_equal(tmp_path, _Backwards())
 
 
 def _documents_equal(path: Path, executor: object) -> None:
