@@ -75,8 +75,9 @@ def print_whatif(result: WhatIf, console: Console) -> None:
                   highlight=False)
     table = Table(title="predicted step per scenario (fastest first)")
     for col in ("scenario", "step ms", "samples/s", "vs baseline", "stage that moves"):
-        table.add_column(col, justify="left" if col in ("scenario", "stage that moves")
-                         else "right")
+        text = col in ("scenario", "stage that moves")
+        table.add_column(col, justify="left" if text else "right",
+                         overflow="fold" if text else "ellipsis")
     ranked = sorted((s for s in result.scenarios if s.step_us is not None),
                     key=lambda s: s.step_us or 0.0)
     for s in ranked:
@@ -85,7 +86,7 @@ def print_whatif(result: WhatIf, console: Console) -> None:
     for s in result.scenarios:
         if s.refused:
             console.print(f"[yellow]refused[/] {escape(_label(s))}: {escape(s.refused)}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
     console.print("[bold]links:[/] " + escape("; ".join(result.fits)), highlight=False)
     console.print("[bold]calibration:[/] " + escape(result.calibration), highlight=False)
     shared = {a for s in ranked for a in s.assumptions} - {result.calibration}
@@ -99,7 +100,8 @@ def _label(s: Scenario) -> str:
 
 def _row(s: Scenario, result: WhatIf) -> list[str]:
     step = s.step_us or 0.0
-    rate = f"{result.samples_per_step / step * 1e6:,.0f}" if result.samples_per_step else "-"
+    samples = s.samples_per_step or result.samples_per_step
+    rate = f"{samples / step * 1e6:,.0f}" if samples else "-"
     change = (step - result.baseline_step_us) / result.baseline_step_us
     return [escape(_label(s)), f"{step / 1e3:.2f}", rate, f"{change:+.1%}",
             escape(s.moved_stage(result.baseline_stages) or "-")]

@@ -83,3 +83,34 @@ def fit_links(samples: list[CollectiveSample], group_size: int) -> dict[str, Lin
         fits[kind] = LinkFit(kind, latency, float(rate), len(x), float(x.min()), float(x.max()),
                              borrowed_from=donor.kind)
     return fits
+
+
+@dataclass(frozen=True)
+class Network:
+    """Transfer times of a (possibly larger) job: the run's fitted lines inside a node, and
+    an inter-node link of a given rate for collectives whose members span nodes."""
+
+    links: dict[str, LinkFit]
+    ranks_per_node: int
+    inter_bytes_per_us: float | None = None  # None: one node, or the fits already span nodes
+
+    def link(self, kind: str) -> LinkFit:
+        """The fitted line of `kind`, or of the nearest kind the run has (an all-gather moves
+        like an all-to-all of the same bytes)."""
+        for candidate in (kind, "all_to_all", "all_reduce", *self.links):
+            if candidate in self.links:
+                return self.links[candidate]
+        raise KeyError(kind)
+
+    def transfer_us(self, kind: str, members: tuple[int, ...], nbytes: float) -> float:
+        if len(members) == 1:
+            return 0.0  # a group of one exchanges with itself: a local copy, no wire
+        fit = self.link(kind)
+        nodes = {m // self.ranks_per_node for m in members}
+        if self.inter_bytes_per_us is None or len(nodes) == 1:
+            return fit.transfer_us(nbytes)
+        # An all-to-all sends the share addressed to other nodes over the slow link; a ring
+        # collective's bytes all cross it once the ring leaves the node.
+        crossing = (1.0 - self.ranks_per_node / len(members)) if kind == "all_to_all" else 1.0
+        return (fit.latency_us + nbytes * (1 - crossing) / fit.bytes_per_us
+                + nbytes * crossing / self.inter_bytes_per_us)

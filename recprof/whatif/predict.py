@@ -9,6 +9,7 @@ is refused with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
 from recprof.whatif.baseline import Baseline, host_cores
-from recprof.whatif.replay import replay
+from recprof.whatif.costs import Network
+from recprof.whatif.replay import Replay, replay
 from recprof.whatif.scenarios import CodecCost, trainer_plan, with_knobs
 from recprof.whatif.traffic import Traffic, traffic
 
@@ -25,6 +27,11 @@ SCHEMA = "recprof.whatif/1"
 MODELLED = ("micro_batches", "hsp_groups", "qcomms", "reshape", "dbp", "clustering", "sharding")
 #: The knobs that change which rows travel (qcomms changes only their width).
 _ROUTING = tuple(k for k in MODELLED if k != "qcomms")
+#: Scaling questions, beside the knobs: `--try world_size=8,inter_node_gbit=100`.
+WORLD_SIZE = "world_size"
+INTER_NODE_GBIT = "inter_node_gbit"
+#: A stage whose replayed time changes by less than this share of the step has not moved.
+STILL = 0.005
 _NOT_MODELLED = {
     "fuse_tables": "one all-to-all per table is not in the replayed schedule",
 }
@@ -37,13 +44,17 @@ class Scenario:
     stages: dict[str, float] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
     refused: str | None = None
+    samples_per_step: int | None = None  # global samples of one step (grows with world size)
 
     def moved_stage(self, baseline: dict[str, float]) -> str | None:
-        """The stage whose time changes most against the baseline's replay."""
+        """The stage whose time changes most against the baseline's replay, or None when no
+        stage moves by more than `STILL` of the step."""
         names = set(self.stages) | set(baseline)
         if not names or self.step_us is None:
             return None
-        return max(names, key=lambda s: abs(self.stages.get(s, 0.0) - baseline.get(s, 0.0)))
+        name = max(names, key=lambda s: abs(self.stages.get(s, 0.0) - baseline.get(s, 0.0)))
+        moved = abs(self.stages.get(name, 0.0) - baseline.get(name, 0.0))
+        return name if moved > STILL * self.step_us else None
 
 
 @dataclass
@@ -67,6 +78,7 @@ class WhatIf:
                          "links": self.fits},
             "scenarios": [
                 {"knobs": s.knobs, "step_us": s.step_us, "stages": s.stages,
+                 "samples_per_step": s.samples_per_step,
                  "moved_stage": s.moved_stage(self.baseline_stages),
                  "assumptions": s.assumptions, "refused": s.refused}
                 for s in self.scenarios
@@ -88,8 +100,9 @@ class Predictor:
         self.knobs = {k: getattr(self.cfg, k) for k in KNOBS}
         self.shape = JobShape(base.world, self.cfg.batch_size, self.cfg.embedding_dim)
         self.overlap_prefetch = host_cores() >= 2 * base.ranks_per_host()
+        self.network = Network(base.links, base.ranks_per_host())
         self._traffic: dict[str, Traffic] = {}
-        self.reference = self._traffic_of(self.knobs)
+        self.reference = self._traffic_of(self.knobs, base.world)
         self._codec: dict[str, tuple[float, float]] = {}
         target = base.unprofiled_step_us
         self.calibrated = target is not None
@@ -108,10 +121,15 @@ class Predictor:
         self.baseline_replay = self._replay(self.knobs, self.scale)
         self.target = target
 
-    def _traffic_of(self, knobs: dict[str, Any]) -> Traffic:
-        key = repr(sorted((k, knobs[k]) for k in _ROUTING))
+    def _traffic_of(self, knobs: dict[str, Any], world: int) -> Traffic:
+        """The job's traffic under `knobs` on `world` ranks, each rank keeping its captured
+        share of the batch (weak scaling)."""
+        key = repr((world, sorted((k, knobs[k]) for k in _ROUTING)))
         if key not in self._traffic:
-            self._traffic[key] = traffic(with_knobs(self.cfg, knobs), self.base.world)
+            per_rank = self.cfg.batch_size // self.base.world
+            cfg = dataclasses.replace(with_knobs(self.cfg, {k: knobs[k] for k in KNOBS}),
+                                      batch_size=per_rank * world)
+            self._traffic[key] = traffic(cfg, world)
         return self._traffic[key]
 
     def _codec_cost(self, qcomms: str) -> CodecCost:
@@ -126,16 +144,17 @@ class Predictor:
             self._codec[qcomms] = measure_codec(self.cfg, qcomms, rows)
         return self._codec[qcomms]
 
-    def _replay(self, knobs: dict[str, Any], scale: float):
-        plan = trainer_plan(self.base, knobs, self._traffic_of(knobs), self.reference,
-                            self._codec_cost(knobs["qcomms"]), scale, self.overlap_prefetch)
+    def _replay(self, knobs: dict[str, Any], scale: float, world: int | None = None,
+                network: Network | None = None) -> Replay:
+        world = world or self.base.world
+        plan = trainer_plan(self.base, knobs, self._traffic_of(knobs, world), self.reference,
+                            self._codec_cost(knobs["qcomms"]), scale, self.overlap_prefetch,
+                            network or self.network, world)
+        self._assumptions = plan.assumptions
         if not self.overlap_prefetch:
             main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
-            result = replay(main, plan.collectives)
-        else:
-            result = replay(plan.main, plan.collectives, plan.prefetch)
-        result.assumptions = plan.assumptions  # type: ignore[attr-defined]
-        return result
+            return replay(main, plan.collectives)
+        return replay(plan.main, plan.collectives, plan.prefetch)
 
     def _solve_scale(self, target: float) -> float:
         """The compute scale at which the baseline's replay equals `target` (bisection: the
@@ -149,10 +168,41 @@ class Predictor:
                 hi = mid
         return (lo * hi) ** 0.5
 
+    def _scaling(self, change: dict[str, Any]) -> tuple[int, Network, list[str]] | str:
+        """The world and network of a `world_size` / `inter_node_gbit` change, the assumptions
+        it adds, or why it cannot be predicted."""
+        world = change.get(WORLD_SIZE, self.base.world)
+        gbit = change.get(INTER_NODE_GBIT)
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            return f"{WORLD_SIZE} must be a positive integer, got {world!r}"
+        if gbit is not None and (not isinstance(gbit, int | float) or gbit <= 0):
+            return f"{INTER_NODE_GBIT} must be a positive number of Gbit/s, got {gbit!r}"
+        per_node = self.base.ranks_per_host()
+        hosts = len({r.host for r in self.base.ranks.values()})
+        notes = []
+        if world != self.base.world:
+            per_rank = self.cfg.batch_size // self.base.world
+            notes.append(f"weak scaling: each rank keeps its {per_rank} samples per step; ranks "
+                         f"beyond the {self.base.world} captured run the compute of the captured "
+                         "rank they replicate (replicated)")
+        if world > per_node * hosts and hosts == 1 and gbit is None:
+            return (f"{WORLD_SIZE}={world} needs {(world + per_node - 1) // per_node} nodes of "
+                    f"{per_node} ranks: give {INTER_NODE_GBIT} (the capture ran on one node, so "
+                    "it holds no inter-node link to fit)")
+        network = self.network
+        if gbit is not None:
+            network = Network(self.base.links, per_node, gbit * 1e9 / 8 / 1e6)
+            notes.append(f"{per_node} ranks per node as captured; between nodes {gbit} Gbit/s, "
+                         "inside a node the captured links")
+        return world, network, notes
+
     def refusal(self, change: dict[str, Any]) -> str | None:
         for name, value in change.items():
+            if name in (WORLD_SIZE, INTER_NODE_GBIT):
+                continue
             if name not in KNOBS:
-                return f"{name} is not a knob (knobs: {', '.join(KNOBS)})"
+                return (f"{name} is not a knob (knobs: {', '.join(KNOBS)}; and {WORLD_SIZE}, "
+                        f"{INTER_NODE_GBIT} for scaling)")
             if name in _NOT_MODELLED:
                 return f"{name}: the model cannot predict it ({_NOT_MODELLED[name]})"
             if name == "micro_batches" and value != self.knobs[name] and any(
@@ -160,19 +210,27 @@ class Predictor:
                 return ("micro_batches: needs the traces' dense ops to know the fixed cost each "
                         "micro-batch repeats (give the capture folder or traces, not only an "
                         "analysis JSON)")
-        merged = {**self.knobs, **change}
-        found = problems(merged, self.shape)
+        scaling = self._scaling(change)
+        if isinstance(scaling, str):
+            return scaling
+        world = scaling[0]
+        per_rank = self.cfg.batch_size // self.base.world
+        shape = JobShape(world, per_rank * world, self.cfg.embedding_dim)
+        merged = {**self.knobs, **{k: v for k, v in change.items() if k in KNOBS}}
+        found = problems(merged, shape)
         return found[0].reason() if found else None
 
     def predict(self, change: dict[str, Any]) -> Scenario:
-        knobs = {**self.knobs, **change}
         why = self.refusal(change)
         if why is not None:
             return Scenario(change, refused=why)
-        result = self._replay(knobs, self.scale)
-        assumptions = [*result.assumptions, self.calibration]
+        world, network, notes = self._scaling(change)  # type: ignore[misc]
+        knobs = {**self.knobs, **{k: v for k, v in change.items() if k in KNOBS}}
+        result = self._replay(knobs, self.scale, world, network)
+        assumptions = [*self._assumptions, *notes, self.calibration]
         return Scenario(change, step_us=result.step_us, stages=result.stages,
-                        assumptions=assumptions)
+                        assumptions=assumptions,
+                        samples_per_step=self.cfg.batch_size // self.base.world * world)
 
     def single_knob_changes(self) -> list[dict[str, Any]]:
         """Every single-knob change of the tuner's default space on this job."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recprof.whatif.baseline import DENSE_STAGES, Baseline
-from recprof.whatif.costs import LinkFit
+from recprof.whatif.costs import Network
 from recprof.whatif.replay import Collective, Compute, Post, Program, Wait
 from recprof.whatif.traffic import KEY_BYTES, Traffic, wire_bytes
 
@@ -44,16 +44,16 @@ class CodecCost:
 
 
 def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, reference: Traffic,
-                 codec: CodecCost, compute_scale: float, overlap_prefetch: bool) -> Plan:
-    """The built-in trainer's step under `knobs` (a full knob dict), every rank."""
+                 codec: CodecCost, compute_scale: float, overlap_prefetch: bool,
+                 network: Network, world: int) -> Plan:
+    """The built-in trainer's step under `knobs` (a full knob dict) on `world` ranks; ranks
+    beyond the captured ones run the compute of the captured rank they replicate."""
     cfg = base.config
     assert cfg is not None
-    world = base.world
     n = int(knobs["micro_batches"])
     groups = int(knobs["hsp_groups"])
     size = world // groups
     dbp = bool(knobs["dbp"])
-    links = base.links
     main: dict[int, Program] = {}
     prefetch: dict[int, Program] = {}
     colls: dict[str, Collective] = {}
@@ -62,15 +62,16 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     def coll(name: str, kind: str, members: tuple[int, ...], nbytes: float) -> str:
         if name not in colls:
             colls[name] = Collective(members, 0.0)
-        # A group of one exchanges with itself: a local copy, no wire.
-        cost = 0.0 if len(members) == 1 else _link(links, kind).transfer_us(nbytes)
+        cost = network.transfer_us(kind, members, nbytes)
         colls[name].transfer_us = max(colls[name].transfer_us, cost)
         return name
 
     fwd_row, bwd_row, hsp_row = wire_bytes(with_knobs(cfg, knobs))
-    for r, rb in base.ranks.items():
+    captured = sorted(base.ranks)
+    for r in range(world):
+        rb = base.ranks[captured[r % len(captured)]]
         c = {k: v * compute_scale for k, v in rb.compute_us.items()}
-        tr, ref = scenario.ranks[r], reference.ranks[r]
+        tr, ref = scenario.ranks[r], reference.ranks[captured.index(rb.rank)]
         group = tuple(range((r // size) * size, (r // size + 1) * size))
         replicas = tuple(r % size + g * size for g in range(groups))
         # The owners' gather and the codec work scale with the rows they touch.
@@ -113,7 +114,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                                      tr.rows_bwd[m] * bwd_row)))
         dense_bytes = _mean(rb.bytes_by_purpose.get("dense_grads"))
         program += [Compute("dense_allreduce", c.get("dense_allreduce", 0.0)),
-                    Post(coll("dense", "all_reduce", tuple(sorted(base.ranks)), dense_bytes))]
+                    Post(coll("dense", "all_reduce", tuple(range(world)), dense_bytes))]
         program += [Wait(f"bwd{m}@{group}", "embedding_grad_a2a") for m in range(n)]
         program.append(Compute("embedding_grad_a2a", codec_bwd / 2))
         if groups > 1:
@@ -142,15 +143,6 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
             "overlaps the main thread (a spare core per rank)" if overlap_prefetch
             else "shares the rank's core with the main thread, so its compute is serialised"))
     return Plan(main, prefetch, colls, notes)
-
-
-def _link(links: dict[str, LinkFit], kind: str) -> LinkFit:
-    """The fitted line of `kind`, or of the nearest kind the run has (an all-gather moves like
-    an all-to-all of the same bytes)."""
-    for candidate in (kind, "all_to_all", "all_reduce", *links):
-        if candidate in links:
-            return links[candidate]
-    raise KeyError(kind)
 
 
 def _dense_fixed(rb: Any, scale: float) -> dict[str, float]:

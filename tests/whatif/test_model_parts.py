@@ -79,3 +79,16 @@ def test_try_parser_reads_values_as_yaml_and_rejects_junk() -> None:
         "micro_batches": 4, "qcomms": "fp16", "dbp": True}
     with pytest.raises(RecprofError, match="KEY=VALUE"):
         parse_try("micro_batches")
+
+
+def test_network_sends_the_cross_node_share_over_the_slow_link() -> None:
+    from recprof.whatif.costs import LinkFit, Network
+
+    fit = LinkFit("all_to_all", 10.0, 100.0, 3, 1e3, 1e5)
+    one_node = Network({"all_to_all": fit}, ranks_per_node=2)
+    two_nodes = Network({"all_to_all": fit}, ranks_per_node=2, inter_bytes_per_us=10.0)
+    assert one_node.transfer_us("all_to_all", (0, 1, 2, 3), 1000.0) == pytest.approx(20.0)
+    # half the peers of a 4-rank all-to-all sit on the other node: 500 B at 100, 500 B at 10
+    assert two_nodes.transfer_us("all_to_all", (0, 1, 2, 3), 1000.0) == pytest.approx(65.0)
+    assert two_nodes.transfer_us("all_to_all", (0, 1), 1000.0) == pytest.approx(20.0)
+    assert two_nodes.transfer_us("all_to_all", (3,), 1000.0) == 0.0  # a group of one
