@@ -86,6 +86,8 @@ class IntervalSet:
         if not len(self) or not len(other):
             return self
         lo, hi = float(self.starts[0]), float(self.ends[-1])
+        if len(self) == 1:  # the gaps of `other` inside the one interval, exactly as below
+            return other.complement_within(lo, hi)
         return self.intersect(other.complement_within(lo, hi))
 
     def clip(self, start: float, end: float) -> IntervalSet:
