@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -52,6 +51,10 @@ _DEVICE_CATS = _KERNEL_CATS | _COPY_CATS | _MEMSET_CATS | _MTIA_DEVICE_CATS
 _RUNTIME_CATS = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
 _HOST_OP_CATS = {"cpu_op", "operator", "user_annotation"}
 _ATEN_OP_CATS = {"cpu_op", "operator"}
+_HOST, _DEVICE, _RUNTIME = "host", "device", "runtime"
+#: What each (lower-case) category is read as; other categories are not read.
+_CATEGORY_ROLES = {**dict.fromkeys(_HOST_OP_CATS, _HOST), **dict.fromkeys(_DEVICE_CATS, _DEVICE),
+                   **dict.fromkeys(_RUNTIME_CATS, _RUNTIME)}
 _KIND_INDEX = {kind: i for i, kind in enumerate(COLLECTIVE_KINDS)}
 _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
 _MAX_ID = sanitize.MAX_COUNT
@@ -200,11 +203,9 @@ def _marker_at(markers: list[_Marker], starts: np.ndarray, t: float) -> _Marker 
 _OP, _STEP_OP, _COLLECTIVE, _GLOO = "op", "step", "collective", "gloo"
 
 
-@cache
 def _host_role(name: str) -> str:
     """A host op is a step annotation, a gloo transfer, another collective call (whose
-    arguments are read), or an op; names repeat by the hundred thousand, so this is asked once
-    per name."""
+    arguments are read), or an op (build asks once per distinct name)."""
     if _STEP.match(name):
         return _STEP_OP
     if name.startswith("gloo:"):
@@ -246,7 +247,8 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
     gloo_ops: list[_HostOp] = []
     has_gpu = has_mtia = False
     first_ts = float("inf")
-    lower: dict[str, str] = {}
+    categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
+    host_names: dict[str, tuple[str, str]] = {}  # name -> the one copy kept, `_host_role`
     max_time, max_dur = sanitize.MAX_ABS_TIME_US, sanitize.MAX_DURATION_US
 
     for ev in raw.consume():
@@ -280,23 +282,17 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
             continue
         if ts < first_ts:
             first_ts = ts
-        low = lower.get(cat)
-        if low is None:
-            low = lower[cat] = sanitize.bounded_text(cat).lower()
-        cat = low
+        known = categories.get(cat)
+        if known is None:
+            low = sanitize.bounded_text(cat).lower()
+            known = categories[cat] = (low, _CATEGORY_ROLES.get(low))
+        cat, cat_role = known
         end = ts + dur
-        if cat in _DEVICE_CATS:
-            has_gpu = has_gpu or cat not in _MTIA_DEVICE_CATS
-            has_mtia = has_mtia or cat in _MTIA_DEVICE_CATS
-            device_events.append((ts, end, cat, name, pid, tid,
-                                  sanitize.event_args(raw.args(ev))))
-        elif cat in _RUNTIME_CATS:
-            args = raw.args(ev)
-            corr = sanitize.count(args.get("correlation")) if isinstance(args, dict) else None
-            if corr is not None:
-                launches[corr] = (ts, pid, tid)
-        elif cat in _HOST_OP_CATS:
-            role = _host_role(name)
+        if cat_role is _HOST:
+            seen = host_names.get(name)
+            if seen is None:  # one string kept per distinct name, not one per event
+                seen = host_names[name] = (name, _host_role(name))
+            name, role = seen
             if role is _OP:
                 host_ops.append((ts, end, name, pid, tid, _UNREAD, cat))
             elif role is _STEP_OP:
@@ -312,6 +308,16 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
                 args = sanitize.event_args(raw.args(ev))
                 (gloo_ops if role is _GLOO else host_ops).append(
                     (ts, end, name, pid, tid, args, cat))
+        elif cat_role is _DEVICE:
+            has_gpu = has_gpu or cat not in _MTIA_DEVICE_CATS
+            has_mtia = has_mtia or cat in _MTIA_DEVICE_CATS
+            device_events.append((ts, end, cat, name, pid, tid,
+                                  sanitize.event_args(raw.args(ev))))
+        elif cat_role is _RUNTIME:
+            args = raw.args(ev)
+            corr = sanitize.count(args.get("correlation")) if isinstance(args, dict) else None
+            if corr is not None:
+                launches[corr] = (ts, pid, tid)
 
     if first_ts == float("inf"):
         problem = "no timed events"
@@ -343,7 +349,8 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
     if main_tid is None and host_ops:
         main_tid = Counter((op[3], op[4]) for op in host_ops).most_common(1)[0][0]
 
-    host_ops.sort(key=lambda op: (op[0], -op[1]))
+    host = _HostColumns.of(host_ops, main_tid)  # sorted by start, outer first
+    host_ops = [host_ops[i] for i in host.order]
     markers: dict[tuple[Any, Any], list[_Marker]] = defaultdict(list)
     for start, end, name, pid, tid, args, _cat in host_ops:
         if is_collective_op(name):
@@ -354,83 +361,144 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
                 all_to_all_sends(args, header.world_size) if kind == "all_to_all" else None))
     marker_starts = {key: np.array([m.start for m in ms]) for key, ms in markers.items()}
 
-    rows: list[_Row] = []
     if device_kind in (DeviceKind.CPU,):
-        rows = _cpu_rows(host_ops, gloo_ops, main_tid, names, lanes, header.world_size)
+        rows = _cpu_rows(host, host_ops, gloo_ops, main_tid, names, lanes, header.world_size)
     else:
-        for ev in device_events:
-            rows.append(_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid))
-
-    if not rows:
+        rows = _Rows.of([_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid)
+                         for ev in device_events])
+    if not len(rows.start):
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
-    rows.sort(key=lambda r: r[0])
-    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(11)]
-    sends = np.empty(len(rows), dtype=object)
-    sends[:] = list(cols[9])
-    activities = Activities(
-        start=np.asarray(cols[0], dtype=np.float64),
-        end=np.asarray(cols[1], dtype=np.float64),
-        klass=np.asarray(cols[2], dtype=np.int8),
-        lane=np.asarray(cols[3], dtype=np.int32),
-        name=np.asarray(cols[4], dtype=np.int32),
-        launch=np.asarray(cols[5], dtype=np.float64),
-        coll_kind=np.asarray(cols[6], dtype=np.int16),
-        coll_group=np.asarray(cols[7], dtype=np.int32),
-        coll_bytes=np.asarray(cols[8], dtype=np.float64),
-        coll_sends=sends,
-        launched_on_main=np.asarray(cols[10], dtype=bool),
-    )
-
-    def spans(select: Any) -> HostSpans:
-        chosen = [op for op in host_ops if select(op)]
-        return HostSpans(
-            start=np.asarray([op[0] for op in chosen], dtype=np.float64),
-            end=np.asarray([op[1] for op in chosen], dtype=np.float64),
-            name=np.asarray([names(op[2]) for op in chosen], dtype=np.int32),
-        )
 
     return RankTrace(
         header=header,
         lanes=lanes.values,
         names=names.values,
-        activities=activities,
+        activities=rows.activities(),
         steps=steps,
-        data_loading=spans(lambda op: op[2].startswith("enumerate(DataLoader)")),
-        comm_waits=spans(lambda op: is_comm_wait_op(op[2])),
-        main_thread_ops=spans(lambda op: (op[3], op[4]) == main_tid),
-        labels=_label_spans(host_ops, main_tid),
-        framework_marks=_framework_marks(host_ops),
+        data_loading=host.spans(host.named(lambda n: n.startswith("enumerate(DataLoader)")),
+                                names),
+        comm_waits=host.spans(host.named(is_comm_wait_op), names),
+        main_thread_ops=host.spans(host.main, names),
+        labels=host.label_spans(),
+        framework_marks=host.framework_marks(),
         warnings=warnings,
     )
 
 
-def _label_spans(host_ops: list[_HostOp], main_tid: tuple[Any, Any] | None) -> LabelSpans:
-    """The host labels and ops that say which stage they are, or what a collective inside them
-    carries (vocabulary.label_meaning), sorted by start like `host_ops`."""
-    cols: list[tuple[float, float, int, int, bool]] = []
-    for start, end, name, pid, tid, _args, _cat in host_ops:
-        meaning = label_meaning(name)
-        if meaning is None:
-            continue
-        stage, purpose = meaning
-        cols.append((start, end, _STAGE_INDEX[stage] if stage else -1,
-                     _PURPOSE_INDEX[purpose] if purpose else -1, (pid, tid) == main_tid))
-    arr = list(zip(*cols, strict=True)) if cols else [[] for _ in range(5)]
-    return LabelSpans(
-        start=np.asarray(arr[0], dtype=np.float64), end=np.asarray(arr[1], dtype=np.float64),
-        stage=np.asarray(arr[2], dtype=np.int16), purpose=np.asarray(arr[3], dtype=np.int16),
-        main_thread=np.asarray(arr[4], dtype=bool),
-    )
+@dataclass
+class _HostColumns:
+    """The host ops as columns, in their analysis order (start, then the outer op first), so
+    that what is selected among a hundred thousand ops is selected by array masks, each name
+    asked about once."""
+
+    order: np.ndarray  # positions in the unsorted list, in sorted order
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray  # index into `names`
+    names: list[str]  # the distinct names
+    main: np.ndarray  # on the thread that runs the steps
+    aten: np.ndarray  # an ATen op (cat `cpu_op`/`Operator`), not a `record_function` label
+
+    @classmethod
+    def of(cls, host_ops: list[_HostOp], main_tid: tuple[Any, Any] | None) -> _HostColumns:
+        n = len(host_ops)
+        cols: list[Any] = list(zip(*host_ops, strict=True)) if n else [()] * 7
+        start = np.array(cols[0], dtype=np.float64)
+        end = np.array(cols[1], dtype=np.float64)
+        # Equal to a stable sort on (start, -end): the position breaks the remaining ties.
+        order = np.lexsort((np.arange(n), -end, start))
+        index: dict[str, int] = {}
+        name = np.array([index.setdefault(x, len(index)) for x in cols[2]], dtype=np.int32)
+        main = np.array([key == main_tid for key in zip(cols[3], cols[4], strict=True)],
+                        dtype=bool)
+        cats = np.array(cols[6], dtype=object)
+        aten = np.zeros(n, dtype=bool)
+        for cat in _ATEN_OP_CATS:
+            aten |= cats == cat
+        return cls(order=order, start=start[order], end=end[order], name=name[order],
+                   names=list(index), main=main[order], aten=aten[order])
+
+    def named(self, test: Any) -> np.ndarray:
+        """Ops whose name passes `test` (asked once per distinct name)."""
+        return np.fromiter((bool(test(n)) for n in self.names), bool, len(self.names))[self.name]
+
+    def name_ids(self, mask: np.ndarray, interner: _Interner) -> np.ndarray:
+        """The selected ops' names as `interner` indices, interned in the order the ops come
+        (as interning them one by one would), so `RankTrace.names` keeps its order."""
+        ids = self.name[mask]
+        mapping = np.zeros(len(self.names), dtype=np.int32)
+        uniq, first = np.unique(ids, return_index=True)
+        for local in uniq[np.argsort(first)]:
+            mapping[local] = interner(self.names[local])
+        return mapping[ids]
+
+    def spans(self, mask: np.ndarray, interner: _Interner) -> HostSpans:
+        return HostSpans(start=self.start[mask], end=self.end[mask],
+                         name=self.name_ids(mask, interner))
+
+    def label_spans(self) -> LabelSpans:
+        """The host labels and ops that say which stage they are, or what a collective inside
+        them carries (vocabulary.label_meaning), sorted by start like the ops."""
+        meanings = [label_meaning(n) for n in self.names]
+        stage = np.array([_STAGE_INDEX[m[0]] if m and m[0] else -1 for m in meanings],
+                         dtype=np.int16)
+        purpose = np.array([_PURPOSE_INDEX[m[1]] if m and m[1] else -1 for m in meanings],
+                           dtype=np.int16)
+        mask = np.array([m is not None for m in meanings], dtype=bool)[self.name]
+        chosen = self.name[mask]
+        return LabelSpans(start=self.start[mask], end=self.end[mask], stage=stage[chosen],
+                          purpose=purpose[chosen], main_thread=self.main[mask])
+
+    def framework_marks(self) -> dict[str, int]:
+        """How many host names carry each framework's signature (vocabulary.framework_sign),
+        in the order the frameworks first appear."""
+        counts = np.bincount(self.name, minlength=len(self.names))
+        present, first = np.unique(self.name, return_index=True)
+        marks: dict[str, int] = {}
+        for local in present[np.argsort(first)].tolist():
+            framework = framework_sign(self.names[local])
+            if framework is not None:
+                marks[framework] = marks.get(framework, 0) + int(counts[local])
+        return marks
 
 
-def _framework_marks(host_ops: list[_HostOp]) -> dict[str, int]:
-    """How many host names carry each framework's signature (vocabulary.framework_sign)."""
-    marks: Counter[str] = Counter()
-    for op in host_ops:
-        framework = framework_sign(op[2])
-        if framework is not None:
-            marks[framework] += 1
-    return dict(marks)
+@dataclass
+class _Rows:
+    """Device activity as columns in the order it was found; `activities` sorts it by start
+    (stably, so equal starts keep that order)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    klass: np.ndarray
+    lane: np.ndarray
+    name: np.ndarray
+    launch: np.ndarray
+    coll_kind: np.ndarray
+    coll_group: np.ndarray
+    coll_bytes: np.ndarray
+    coll_sends: np.ndarray
+    launched_on_main: np.ndarray
+
+    @classmethod
+    def of(cls, rows: list[_Row]) -> _Rows:
+        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 11
+        sends = np.empty(len(rows), dtype=object)
+        sends[:] = list(cols[9])
+        return cls(*(np.asarray(c, dtype=t) if t is not object else sends
+                     for c, t in zip(cols, _ROW_TYPES, strict=True)))
+
+    @classmethod
+    def concat(cls, parts: list[_Rows]) -> _Rows:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in cls.__dataclass_fields__))
+
+    def activities(self) -> Activities:
+        order = np.argsort(self.start, kind="stable")
+        return Activities(**{f: getattr(self, f)[order] for f in self.__dataclass_fields__})
+
+
+_ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, np.int16,
+              np.int32, np.float64, object, bool)
 
 
 def _device_row(
@@ -506,13 +574,14 @@ def _enqueue_of(queue: list[_HostOp] | None, start: float, size: int | None) -> 
 
 
 def _cpu_rows(
+    host: _HostColumns,
     host_ops: list[_HostOp],
     gloo_ops: list[_HostOp],
     main_tid: tuple[Any, Any] | None,
     names: _Interner,
     lanes: _Interner,
     world_size: int | None,
-) -> list[_Row]:
+) -> _Rows:
     """CPU-only runs: compute is the main thread's op time; communication is the gloo transfer
     on its runloop thread plus the collective's enqueue on the main thread.
 
@@ -530,37 +599,54 @@ def _cpu_rows(
     Order alone is not enough: gloo may start two transfers enqueued back to back in the other
     order (TorchRec's KJT lengths and values), so a transfer takes the earliest enqueue before
     it whose message size matches, and the earliest one only when sizes are unknown.
+
+    `host_ops` are in `host`'s order; the main thread's ops are chosen by masks, and only the
+    outermost-op walk visits them one by one.
     """
     nan = float("nan")
-    rows: list[_Row] = []
     main_lane = lanes("main thread")
+    main_aten = host.main & host.aten
+    # The enqueue is communication time, but the instance is its gloo transfer: kind -1 keeps
+    # it out of collective counts, bandwidth and matching.
+    c10d = host.named(lambda n: n.startswith("c10d::"))
+    enqueue = main_aten & c10d
+    candidate = main_aten & ~c10d & host.named(
+        lambda n: not is_collective_op(n) and not is_comm_wait_op(n))
+    compute = np.zeros_like(candidate)
     outer_end = float("-inf")
-    enqueued: dict[str, list[_HostOp]] = defaultdict(list)
-    for op in host_ops:  # sorted by start, outer first
-        start, end, name, pid, tid, _args, cat = op
-        if name.startswith("c10d::") and cat in _ATEN_OP_CATS and collective_kind(name):
-            enqueued[collective_kind(name)].append(op)
-        if (pid, tid) != main_tid or cat not in _ATEN_OP_CATS:
-            continue
-        if name.startswith("c10d::"):
-            # The enqueue is communication time, but the instance is its gloo transfer: kind
-            # -1 keeps it out of collective counts, bandwidth and matching.
-            rows.append((start, end, int(ActivityClass.COMM), main_lane, names(name), start,
-                         -1, -1, nan, None, True))
-        elif start >= outer_end and not is_collective_op(name) and not is_comm_wait_op(name):
-            rows.append((start, end, int(ActivityClass.COMPUTE), main_lane, names(name), start,
-                         -1, -1, nan, None, True))
+    positions = np.flatnonzero(candidate)
+    for pos, start, end in zip(positions.tolist(), host.start[positions].tolist(),
+                               host.end[positions].tolist(), strict=True):
+        if start >= outer_end:
+            compute[pos] = True
             outer_end = end
+    chosen = enqueue | compute
+    n = int(chosen.sum())
+    main_rows = _Rows(
+        start=host.start[chosen], end=host.end[chosen],
+        klass=np.where(enqueue[chosen], ActivityClass.COMM, ActivityClass.COMPUTE).astype(np.int8),
+        lane=np.full(n, main_lane, dtype=np.int32), name=host.name_ids(chosen, names),
+        launch=host.start[chosen], coll_kind=np.full(n, -1, dtype=np.int16),
+        coll_group=np.full(n, -1, dtype=np.int32), coll_bytes=np.full(n, nan),
+        coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool))
+
+    enqueued: dict[str, list[_HostOp]] = defaultdict(list)
+    for pos in np.flatnonzero(c10d & host.aten).tolist():
+        op = host_ops[pos]
+        kind = collective_kind(op[2])
+        if kind:
+            enqueued[kind].append(op)
+    rows: list[_Row] = []
     for start, end, name, _pid, tid, args, _cat in sorted(gloo_ops, key=lambda op: op[0]):
         kind = collective_kind(name) or "unknown"
         size = message_bytes(args)
         launch, sends, on_main = start, None, False
-        enqueue = _enqueue_of(enqueued.get(kind), start, size)
-        if enqueue is not None:
-            launch, on_main = enqueue[0], (enqueue[3], enqueue[4]) == main_tid
+        enqueue_op = _enqueue_of(enqueued.get(kind), start, size)
+        if enqueue_op is not None:
+            launch, on_main = enqueue_op[0], (enqueue_op[3], enqueue_op[4]) == main_tid
             if kind == "all_to_all":
-                sends = all_to_all_sends(enqueue[5], world_size)
+                sends = all_to_all_sends(enqueue_op[5], world_size)
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),
                      names(name), launch, _KIND_INDEX[kind], -1,
                      float(size) if size is not None else nan, sends, on_main))
-    return rows
+    return _Rows.concat([main_rows, _Rows.of(rows)])
