@@ -122,6 +122,7 @@ class LocalPool(Executor):
                 try:
                     results: list[R | WorkerLost] = list(future.result())
                 except BrokenProcessPool as exc:
+                    self.close()  # broken for good; the next map starts a fresh pool
                     results = [WorkerLost(f"a process of the local pool died ({exc})")] * len(
                         batch)
                 yield from zip(batch, results, strict=True)

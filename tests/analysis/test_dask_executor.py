@@ -143,6 +143,14 @@ def test_a_dead_worker_costs_only_its_item(dask_cluster: DaskCluster) -> None:
     assert results == {i: i * 10 for i in items if i != 3}
 
 
+def test_a_dead_pool_process_loses_the_unfinished_items_and_the_pool_restarts() -> None:
+    with LocalPool(2) as pool:
+        results = dict(pool.map(_dies_on_three, list(range(20))))
+        assert sorted(results) == list(range(20)) and isinstance(results[3], WorkerLost)
+        assert all(r == i * 10 for i, r in results.items() if not isinstance(r, WorkerLost))
+        assert dict(pool.map(_dies_on_three, [1, 2])) == {0: 10, 1: 20}
+
+
 def test_cli_workers_writes_the_in_process_document(shared_traces: Path,
                                                     tmp_path: Path) -> None:
     pytest.importorskip("distributed")
