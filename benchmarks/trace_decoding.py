@@ -6,7 +6,8 @@ recprof's trace model reads: the comparison behind recprof/trace/reader.py (docs
 
 Every decoder runs in its own fresh interpreter, so one's heap cannot flatter the next. Wall
 is the read plus the decode plus touching every event's fields (ph, name, cat, ts, dur, pid,
-tid), the minimum over --repeat runs (a shared machine only ever adds time); peak RSS is the
+tid), the minimum over --repeat runs (a shared machine only ever adds time), with that run's
+CPU seconds (steadier than wall on a loaded machine); peak RSS is the
 child's high-water mark, and "over base" subtracts the child's RSS after its imports, before
 the file is read. The decoders:
 
@@ -132,23 +133,26 @@ def child(name: str, path: Path) -> None:
     import recprof.trace.reader  # noqa: F401
 
     base = _rss_mb()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fields = DECODERS[name](path)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{wall} {peak} {base} {fields}")
+    print(f"{wall} {cpu} {peak} {base} {fields}")
 
 
-def measure(name: str, path: Path, repeat: int) -> tuple[float, float, float, int] | str:
-    best: tuple[float, float, float, int] | None = None
+Run = tuple[float, float, float, float, int]  # wall, cpu, peak, base, fields
+
+
+def measure(name: str, path: Path, repeat: int) -> Run | str:
+    best: Run | None = None
     for _ in range(repeat):
         proc = subprocess.run([sys.executable, __file__, "--child", name, str(path)],
                               capture_output=True, text=True)
         if proc.returncode:
             tail = proc.stderr.strip().splitlines()
             return tail[-1] if tail else f"exit {proc.returncode}"
-        wall, peak, base, fields = proc.stdout.split()
-        run = (float(wall), float(peak), float(base), int(fields))
+        wall, cpu, peak, base, fields = proc.stdout.split()
+        run = (float(wall), float(cpu), float(peak), float(base), int(fields))
         best = run if best is None or run[0] < best[0] else best
     assert best is not None
     return best
@@ -168,17 +172,17 @@ def main() -> None:
         load = fh.read().split()[:3]
     print(f"{args.file} ({size:.1f} MB of JSON), best of {args.repeat}, "
           f"load average {' '.join(load)}")
-    print(f"{'decoder':20} {'wall s':>7} {'x orjson':>8} {'peak MB':>8} {'over base':>9} "
-          f"{'x file':>6}  fields")
+    print(f"{'decoder':20} {'wall s':>7} {'x orjson':>8} {'cpu s':>6} {'peak MB':>8} "
+          f"{'over base':>9} {'x file':>6}  fields")
     results = {name: measure(name, args.file, args.repeat) for name in DECODERS}
     ref = results["orjson"]
     for name, run in results.items():
         if isinstance(run, str):
             print(f"{name:20} not run: {run}")
             continue
-        wall, peak, base, fields = run
+        wall, cpu, peak, base, fields = run
         ratio = f"{wall / ref[0]:.2f}" if not isinstance(ref, str) else "-"
-        print(f"{name:20} {wall:7.2f} {ratio:>8} {peak:8.0f} {peak - base:9.0f} "
+        print(f"{name:20} {wall:7.2f} {ratio:>8} {cpu:6.2f} {peak:8.0f} {peak - base:9.0f} "
               f"{(peak - base) / size:6.2f}  {fields:,}")
 
 
