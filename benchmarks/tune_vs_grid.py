@@ -1,11 +1,13 @@
-"""Does `recprof tune` find the grid's best config with a third of the runs?
+"""Does `recprof tune` find the grid's best config in 3 runs?
 
 Runs the exhaustive grid of a reduced space once (every valid config, measured by the same trial
-pipeline as the tuner), then the tuner with a budget of at most 1/3 of the grid's runs, over three
-seeds. Then re-measures the grid's best and every pick back to back (`--confirm` rounds,
-round-robin, so machine drift hits all alike). Prints, side by side: the grid's best, each seed's
-pick, its throughput in the tuner's run and in the grid's run, the medians of the re-runs, and
-whether the pick is within 5% of the grid's best by those medians.
+pipeline as the tuner, without capture), then the tuner with a budget of `--budget` runs (default
+3, the baseline included) over three seeds, capturing only the baseline (`--capture baseline`),
+whose capture the what-if prior predicts every config from (docs/whatif.md). Then re-measures the
+grid's best and every pick back to back (`--confirm` rounds, round-robin, so machine drift hits all
+alike). Prints, side by side: the grid's best, each seed's pick, its throughput in the tuner's run
+and in the grid's run, the medians of the re-runs, and whether the pick is within 5% of the grid's
+best by those medians.
 
     python benchmarks/tune_vs_grid.py --config examples/configs/tiny.yaml --nproc-per-node 2
     python benchmarks/tune_vs_grid.py --emulated 100mbit --nproc-per-node 1   # two emulated nodes
@@ -79,7 +81,13 @@ def main() -> None:
         "with this inter-node tbf rate, e.g. 100mbit; --nproc-per-node is then per node",
     )
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "tune_vs_grid")
-    parser.add_argument("--capture", default="off", choices=("auto", "on", "off"))
+    parser.add_argument("--capture", default="off", choices=("auto", "on", "off"),
+                        help="capture of the grid's runs")
+    parser.add_argument("--tune-capture", default="baseline",
+                        choices=("auto", "on", "off", "baseline"),
+                        help="capture of the tuner's runs (baseline: what the prior needs)")
+    parser.add_argument("--budget", type=int, default=3,
+                        help="tuner runs per seed, the baseline included")
     parser.add_argument("--with-pipelining", action="store_true")
     parser.add_argument("--trial-timeout", type=float, default=600.0)
     parser.add_argument("--steps", type=int, default=20, help="trainer steps per run")
@@ -109,27 +117,28 @@ def main() -> None:
     args.config.write_text(yaml.safe_dump(base, sort_keys=False))
     shape = job_shape(base, world)
     grid = list(load_space(space_path, shape).grid(shape))
-    budget = max(1, len(grid) // 3)
+    budget = args.budget
     console.print(
         f"reduced space: {json.dumps(space_map['knobs'])}\n"
-        f"grid: {len(grid)} valid configs; tuner budget: {budget} runs per seed (<= 1/3); "
-        f"world {world}; capture {args.capture}; "
+        f"grid: {len(grid)} valid configs; tuner budget: {budget} runs per seed; "
+        f"world {world}; capture: grid {args.capture}, tuner {args.tune_capture}; "
         f"launcher {args.launcher or 'torchrun --standalone'}",
         markup=False,
         highlight=False,
     )
 
-    def settings(name: str, trials: int, space: Path, seed: int | None) -> TuneSettings:
+    def settings(name: str, trials: int, space: Path, seed: int | None,
+                 capture: str) -> TuneSettings:
         return TuneSettings(
             out=args.out / name, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
             launcher=args.launcher, config=args.config, space=space, trials=trials,
-            trial_timeout=args.trial_timeout, study=name, capture=args.capture, seed=seed,
+            trial_timeout=args.trial_timeout, study=name, capture=capture, seed=seed,
             progress=sys.stderr.isatty(), report=True,
         )  # fmt: skip
 
     grid_space = args.out / "grid_space.yaml"
     grid_space.write_text(yaml.safe_dump(space_map | {"enqueue": grid}))
-    grid_result = run_tuning(settings("grid", len(grid), grid_space, 0))
+    grid_result = run_tuning(settings("grid", len(grid), grid_space, 0, args.capture))
     grid_rec = grid_result.recommendation
     if grid_rec is None:
         sys.exit("the grid has no completed baseline; see its report")
@@ -142,7 +151,8 @@ def main() -> None:
 
     picks: list[tuple[str, Any]] = [("grid", grid_rec)]
     for seed in SEEDS:
-        rec = run_tuning(settings(f"tune-seed{seed}", budget, space_path, seed)).recommendation
+        rec = run_tuning(settings(f"tune-seed{seed}", budget, space_path, seed,
+                                  args.tune_capture)).recommendation
         picks.append((f"seed {seed}", rec))
     recs = [rec for _, rec in picks if rec is not None]
     # Re-measure the grid's best and every pick back to back, round-robin, so machine drift

@@ -68,7 +68,9 @@ def tune(
         Path | None, typer.Option(help="Output folder (default: reports/tune-<study>).")
     ] = None,
     capture: Annotated[
-        str, typer.Option(help="Capture traces per trial: auto (when installed), on, off.")
+        str, typer.Option(help="Capture traces: auto (every trial, when installed), on, off, or "
+                               "baseline (only the baseline, whose capture the pruning and the "
+                               "what-if prior read; the other trials run unprofiled).")
     ] = "auto",
     heartbeat: Annotated[
         int,

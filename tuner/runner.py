@@ -64,6 +64,18 @@ def capture_available() -> bool:
     return probe.returncode == 0
 
 
+def unprofiled_throughput(capture_dir: Path, global_batch: int) -> tuple[float, int] | None:
+    """Samples/s over rank 0's steps that ran without the profiler (the step log's unprofiled
+    steps, `run_context.timed_steps`, each less capture's own hook), and how many there were;
+    None when there are none. A captured trial's own throughput counts its profiled steps too,
+    which is fair only against trials that were captured alike."""
+    from recprof.analysis.run_context import timed_steps
+
+    steps = timed_steps(layout.read_step_log(capture_dir, 0), unprofiled=True)
+    mean_s = sum(s.job_s for s in steps) / len(steps) if steps else 0.0
+    return (global_batch / mean_s, len(steps)) if mean_s > 0 else None
+
+
 def capture_argv(capture_dir: Path, window: Sequence[str], argv: Sequence[str]) -> list[str]:
     """Wrap a training argv in `recprof capture --out DIR [window options] -- CMD`."""
     return [
@@ -256,10 +268,13 @@ class TrialRunner:
     timeout_s: float | None
     window: Sequence[str] = ()
 
-    def run(self, argv: Sequence[str], trial_dir: Path) -> TrialOutcome:
-        """Run one trial whose trainer writes into `trial_dir`; classify and measure it."""
+    def run(self, argv: Sequence[str], trial_dir: Path, capture: bool | None = None
+            ) -> TrialOutcome:
+        """Run one trial whose trainer writes into `trial_dir`; classify and measure it.
+        `capture=False` runs this trial unprofiled whatever the runner's setting."""
+        capture = self.capture if capture is None else capture and self.capture
         capture_dir = trial_dir / "capture"
-        full = capture_argv(capture_dir, self.window, argv) if self.capture else list(argv)
+        full = capture_argv(capture_dir, self.window, argv) if capture else list(argv)
         rc, timed_out, wall = run_process(full, trial_dir, self.timeout_s)
         log = _tail(trial_dir / "stderr.log") + "\n" + _tail(trial_dir / "stdout.log")
         if timed_out:
@@ -278,7 +293,7 @@ class TrialRunner:
                 Status.NO_SUMMARY, f"exit 0 but no valid {SUMMARY_SCHEMA} summary.json", wall, rc
             )
         outcome = TrialOutcome(Status.OK, None, wall, rc, summary=summary)
-        if self.capture:
+        if capture:
             outcome.analysis, outcome.analysis_error, outcome.report = analyse_capture(
                 capture_dir, trial_dir
             )

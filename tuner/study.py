@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof.errors import RecprofError
+from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.knobs import (
     JobShape,
     Knobs,
@@ -53,7 +54,13 @@ from tuner.record import (
     is_run,
 )
 from tuner.report import write_tuning_report
-from tuner.runner import TrialOutcome, TrialRunner, capture_available, capture_window
+from tuner.runner import (
+    TrialOutcome,
+    TrialRunner,
+    capture_available,
+    capture_window,
+    unprofiled_throughput,
+)
 from tuner.space import SearchSpace, load_space
 from tuner.storage import HEARTBEAT_S, resolve_storage
 from tuner.trainer import Launch, job_shape, load_base_config, trial_config, write_config
@@ -63,6 +70,9 @@ from tuner.workers import Workers
 # small, mostly explored space still makes progress.
 _MAX_REPEATS = 20
 OBJECTIVE = "throughput_samples_per_s (maximize)"
+#: `--capture`: every trial when installed, every trial, none, or only the baseline (whose
+#: capture the pruning and the what-if prior read; the other trials then run unprofiled).
+CAPTURE_MODES = ("auto", "on", "off", "baseline")
 
 
 @dataclass
@@ -140,8 +150,9 @@ class Tuner:
             raise RecprofError("--trials must be at least 1")
         if settings.nproc_per_node < 1 or settings.nnodes < 1:
             raise RecprofError("--nproc-per-node and --nnodes must be at least 1")
-        if settings.capture not in ("auto", "on", "off"):
-            raise RecprofError(f"--capture {settings.capture!r}: expected auto, on or off")
+        if settings.capture not in CAPTURE_MODES:
+            raise RecprofError(f"--capture {settings.capture!r}: expected "
+                               f"{', '.join(CAPTURE_MODES[:-1])} or {CAPTURE_MODES[-1]}")
         self.s = settings
         self.console = console
         self.out = settings.out.resolve()
@@ -170,9 +181,11 @@ class Tuner:
         if settings.capture == "auto":
             self.capture = capture_available()
         else:
-            self.capture = settings.capture == "on"
+            self.capture = settings.capture in ("on", "baseline")
         window = capture_window(self.base.get("steps"), self.base.get("warmup_steps"))
         self.runner = TrialRunner(self.capture, settings.trial_timeout, window)
+        self.capture_mode = ("off" if not self.capture
+                             else "baseline only" if settings.capture == "baseline" else "on")
         self._rng = random.Random(settings.seed)
         self._warned_sqlite = False
 
@@ -273,7 +286,7 @@ class Tuner:
             if not self.capture or trial_dir is None:
                 raise RecprofError("capture is off")
             prior = build_prior(Path(trial_dir) / "capture", candidates,
-                                int(self.base.get("batch_size", 0)) or 1)
+                                int(self.base.get("batch_size", TrainConfig.batch_size)))
             record = StudyRecord(predictions=prior.predicted, prior_basis=prior.basis)
         except RecprofError as exc:
             record = StudyRecord(predictions={}, prior_basis=f"none: {exc}")
@@ -363,6 +376,19 @@ class Tuner:
             return
         summary = outcome.summary
         rec.take_summary(summary)
+        if is_baseline(trial) and self.capture_mode == "baseline only" and rec.trial_dir:
+            # The only profiled run: its throughput is taken from its unprofiled steps, to
+            # compare with the unprofiled trials.
+            clean = unprofiled_throughput(
+                Path(rec.trial_dir) / "capture",
+                int(self.base.get("batch_size", TrainConfig.batch_size)))
+            if clean is not None:
+                rec.throughput = clean[0]
+                rec.reason = (f"samples/s from its {clean[1]} unprofiled steps (the only "
+                              "captured run)")
+            else:
+                rec.reason = ("samples/s include its profiled steps: its step log has no "
+                              "unprofiled step")
         rec.analysis = outcome.analysis
         rec.analysis_error = outcome.analysis_error
         rec.report = outcome.report
@@ -388,7 +414,8 @@ class Tuner:
         TrialRecord(trial_dir=str(trial_dir)).save(trial)
         config_path = write_config(trial_config(self.base, knobs), trial_dir / "config.yaml")
         argv = self.launch.trainer_argv(config_path, trial_dir)
-        outcome = self.runner.run(argv, trial_dir)
+        only_baseline = self.capture_mode == "baseline only"
+        outcome = self.runner.run(argv, trial_dir, capture=is_baseline(trial) or not only_baseline)
         self._record(trial, knobs, outcome, baseline)
         return outcome
 
@@ -528,7 +555,7 @@ def run_tuning(settings: TuneSettings, console: Console | None = None) -> TuneOu
     console.print(
         f"study [bold]{tuner.study_name}[/] in {tuner.storage.url} "
         f"({tuner.runs_done()} runs so far; world {tuner.launch.world_size}; "
-        f"capture {'on' if tuner.capture else 'off'})",
+        f"capture {tuner.capture_mode})",
         highlight=False,
     )
     with (

@@ -170,3 +170,19 @@ def test_multi_node_needs_a_launcher() -> None:
     cmd = Launch(8, 1).user_command(Path("r.yaml"))
     assert cmd == "torchrun --nproc_per_node 8 -m recprof.nestpipe --config r.yaml"
     assert os.path.basename(Launch(2).trainer_argv(Path("c"), Path("o"))[0]).startswith("python")
+
+
+def test_unprofiled_throughput_reads_the_steps_after_the_window(tmp_path: Path) -> None:
+    from recprof.capture import layout
+    from tuner.runner import unprofiled_throughput
+
+    phases = [layout.Phase.WAIT] * 3 + [layout.Phase.WARMUP] + [layout.Phase.ACTIVE] * 2 + [
+        layout.Phase.AFTER] * 3
+    walls = [9.0, 9.0, 9.0, 5.0, 5.0, 5.0, 3.5, 0.5, 1.0]
+    hooks = [0.0] * 6 + [3.0, 0.0, 0.0]  # the first step after the window writes the trace
+    log = layout.steps_path(tmp_path, 0)
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(layout.StepRecord(i, w, h, p, 0.0).to_line()
+                           for i, (w, h, p) in enumerate(zip(walls, hooks, phases, strict=True))))
+    assert unprofiled_throughput(tmp_path, 64) == (pytest.approx(96.0), 3)
+    assert unprofiled_throughput(tmp_path / "none", 64) is None

@@ -116,8 +116,9 @@ def test_invalid_configs_never_run_and_small_spaces_end(
 class _HiddenCommRunner(TrialRunner):
     """Attaches an analysis in which communication is fully hidden (the fake trainer has none)."""
 
-    def run(self, argv: list[str], trial_dir: Path) -> TrialOutcome:
-        outcome = super().run(argv, trial_dir)
+    def run(self, argv: list[str], trial_dir: Path, capture: bool | None = None
+            ) -> TrialOutcome:
+        outcome = super().run(argv, trial_dir, capture)
         if outcome.ok:
             step = StepMetrics(None, 0.0, step=1000.0, compute=800.0, comm=300.0,
                                exposed_comm=10.0, idle=100.0)  # fmt: skip

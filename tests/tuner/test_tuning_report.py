@@ -37,8 +37,9 @@ HOSTILE_KNOB = PAYLOADS[2]
 class _HostileAnalysisRunner(TrialRunner):
     """Attaches an analysis whose verdict and finding carry payloads (as trace names would)."""
 
-    def run(self, argv: list[str], trial_dir: Path) -> TrialOutcome:
-        outcome = super().run(argv, trial_dir)
+    def run(self, argv: list[str], trial_dir: Path, capture: bool | None = None
+            ) -> TrialOutcome:
+        outcome = super().run(argv, trial_dir, capture)
         if outcome.ok:
             step = StepMetrics(None, 0.0, step=1000.0, compute=700.0, comm=300.0,
                                exposed_comm=200.0, exposed_copy_h2d=20.0, idle=60.0)  # fmt: skip
