@@ -93,6 +93,9 @@ class Network:
     links: dict[str, LinkFit]
     ranks_per_node: int
     inter_bytes_per_us: float | None = None  # None: one node, or the fits already span nodes
+    #: Multiplies every transfer: what the recorded step shows collectives cost beyond their
+    #: fitted lines (contention for cores and links while they run), from calibration.
+    contention: float = 1.0
 
     def link(self, kind: str) -> LinkFit:
         """The fitted line of `kind`, or of the nearest kind the run has (an all-gather moves
@@ -108,9 +111,9 @@ class Network:
         fit = self.link(kind)
         nodes = {m // self.ranks_per_node for m in members}
         if self.inter_bytes_per_us is None or len(nodes) == 1:
-            return fit.transfer_us(nbytes)
+            return fit.transfer_us(nbytes) * self.contention
         # An all-to-all sends the share addressed to other nodes over the slow link; a ring
         # collective's bytes all cross it once the ring leaves the node.
         crossing = (1.0 - self.ranks_per_node / len(members)) if kind == "all_to_all" else 1.0
-        return (fit.latency_us + nbytes * (1 - crossing) / fit.bytes_per_us
-                + nbytes * crossing / self.inter_bytes_per_us)
+        return self.contention * (fit.latency_us + nbytes * (1 - crossing) / fit.bytes_per_us
+                                  + nbytes * crossing / self.inter_bytes_per_us)

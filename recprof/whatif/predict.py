@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,11 +109,20 @@ class Predictor:
         self.calibrated = target is not None
         if target is None:
             target = base.measured_step_us
-        uncalibrated = self._replay(self.knobs, 1.0)
-        self.scale = self._solve_scale(target)
+        # Two calibrations, each against a measured step. At the recorded (profiled) speed of
+        # every compute segment, the replay must take the recorded step: what it lacks is what
+        # collectives cost beyond their fitted lines while compute and other collectives
+        # contend with them (a factor on every transfer). Then compute is scaled to the
+        # unprofiled step the step logs measured: the profiler slows ops, not the wire.
+        uncalibrated = self._replay(self.knobs, 1.0).step_us
+        contention = _solve(lambda c: self._replay(self.knobs, 1.0, network=dataclasses.replace(
+            self.network, contention=c)).step_us, base.measured_step_us, 0.1, 20.0)
+        self.network = dataclasses.replace(self.network, contention=contention)
+        self.scale = _solve(lambda k: self._replay(self.knobs, k).step_us, target, 0.02, 50.0)
         self.calibration = (
-            f"replay of the recorded baseline {uncalibrated.step_us / 1e3:.2f} ms vs measured "
-            f"{base.measured_step_us / 1e3:.2f} ms (profiled); "
+            f"replay of the recorded baseline {uncalibrated / 1e3:.2f} ms vs measured "
+            f"{base.measured_step_us / 1e3:.2f} ms (profiled): transfers x{contention:.2f} "
+            "for contention; "
             + (f"compute scaled x{self.scale:.3f} to the unprofiled step "
                f"{target / 1e3:.2f} ms from the step logs" if self.calibrated else
                "no step logs: could not calibrate to unprofiled steps, so predictions are of "
@@ -155,18 +165,6 @@ class Predictor:
             main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
             return replay(main, plan.collectives)
         return replay(plan.main, plan.collectives, plan.prefetch)
-
-    def _solve_scale(self, target: float) -> float:
-        """The compute scale at which the baseline's replay equals `target` (bisection: the
-        replayed step grows with compute)."""
-        lo, hi = 0.02, 50.0
-        for _ in range(40):
-            mid = (lo * hi) ** 0.5
-            if self._replay(self.knobs, mid).step_us < target:
-                lo = mid
-            else:
-                hi = mid
-        return (lo * hi) ** 0.5
 
     def _scaling(self, change: dict[str, Any]) -> tuple[int, Network, list[str]] | str:
         """The world and network of a `world_size` / `inter_node_gbit` change, the assumptions
@@ -250,6 +248,18 @@ class Predictor:
             fits=[f.describe() for f in self.base.links.values()], scenarios=scenarios,
             samples_per_step=self.cfg.batch_size,
         )
+
+
+def _solve(step_at: Callable[[float], float], target: float, lo: float, hi: float) -> float:
+    """The factor in [lo, hi] at which `step_at` (growing with the factor) equals `target`,
+    by bisection in log space (the ends when the target is out of reach)."""
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        if step_at(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo * hi) ** 0.5
 
 
 #: Timings per codec measurement; the minimum is kept (other load only ever adds time).
