@@ -5,7 +5,7 @@ Kineto files come as `.json` or `.json.gz`, wrapped (`{"traceEvents": [...]}`) o
 generations, as a bare array. msgspec decodes them without ever building the generic tree of
 dicts `orjson.loads` builds (docs/analysis.md, "Decoding", has the measurements):
 - the document once, with `traceEvents` kept as one raw JSON slice per element
-  (`msgspec.Raw`, 16 bytes of pointers each, no copy of the text);
+  (`msgspec.Raw`, a small object pointing into the text, no copy of it);
 - then each element, one at a time as build.py reads it, into a `TraceEvent` holding only the
   fields the trace model reads, so at most one event's objects are alive beside the buffer;
 - an event's `args` stay raw until build.py asks for them: most events' arguments (`Input
