@@ -280,9 +280,13 @@ def _build(raw: RawTrace) -> RankTrace:
         # Each field takes the common case (a float time, text, an int id) inline; anything
         # else goes through sanitize as orjson read it, as when the events were generic dicts.
         raw_ts, raw_dur = ev.ts, ev.dur
-        ts = (raw_ts if type(raw_ts) is float and -max_time <= raw_ts <= max_time
+        kind = type(raw_ts)  # floats in new traces, integers in older ones
+        ts = (raw_ts if kind is float and -max_time <= raw_ts <= max_time
+              else float(raw_ts) if kind is int and -max_time <= raw_ts <= max_time
               else sanitize.time_us(raw.scalar(raw_ts), max_time))
-        dur = (raw_dur if type(raw_dur) is float and -max_dur <= raw_dur <= max_dur
+        kind = type(raw_dur)
+        dur = (raw_dur if kind is float and -max_dur <= raw_dur <= max_dur
+               else float(raw_dur) if kind is int and -max_dur <= raw_dur <= max_dur
                else sanitize.time_us(raw.scalar(raw_dur), max_dur))
         if ts is None or dur is None:
             timed = (isinstance(raw_ts, (int, float)) and isinstance(raw_dur, (int, float))
