@@ -22,9 +22,10 @@ from recprof.errors import RecprofError
 from recprof.trace.vocabulary import PURPOSE_STAGE
 from recprof.whatif.costs import LinkFit, fit_links, transfer_us
 
-#: The dense stages micro-batching repeats once per micro-batch.
-DENSE_STAGES = ("dense_forward", "dense_backward")
-#: The quantile of a dense stage's op durations taken as the per-op fixed cost (dispatch,
+#: The stages micro-batching runs once per micro-batch (decode, dense forward and backward,
+#: gradient encode): each repeats its fixed per-op cost N times.
+MICRO_BATCH_STAGES = ("embedding_a2a", "dense_forward", "dense_backward", "embedding_grad_a2a")
+#: The quantile of those stages' op durations taken as the per-op fixed cost (dispatch,
 #: allocation): the shortest ops of a pass are almost nothing but that cost.
 OP_FLOOR_QUANTILE = 0.1
 
@@ -39,8 +40,9 @@ class RankBaseline:
     compute_us: dict[str, float]  # stage -> its time less the collectives inside it
     unattributed_us: float  # step time no stage holds (host gaps between labels)
     bytes_by_purpose: dict[str, list[float]] = field(default_factory=dict)  # per instance
-    dense_ops: float | None = None  # compute ops per step in the dense stages
-    op_floor_us: float | None = None
+    #: compute ops per step in each of MICRO_BATCH_STAGES (None: the traces are not at hand)
+    ops_per_step: dict[str, float] | None = None
+    op_floor_us: float | None = None  # their 10th-percentile duration: the fixed cost per op
 
 
 @dataclass
@@ -85,7 +87,7 @@ def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
             bytes_by_purpose={p: [b / 1.0 for b in v] for p, v in bytes_by_rank[r.rank].items()},
         )
         if with_ops and Path(r.file).is_file():
-            ranks[r.rank].dense_ops, ranks[r.rank].op_floor_us = _dense_ops(Path(r.file), steps)
+            ranks[r.rank].ops_per_step, ranks[r.rank].op_floor_us = _op_counts(Path(r.file))
     config, note = trainer_config(job)
     run = job.run
     return Baseline(
@@ -96,8 +98,8 @@ def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
     )
 
 
-def _dense_ops(path: Path, steps: int) -> tuple[float | None, float | None]:
-    """Compute ops per step in the dense stages of one rank's trace, and their duration floor."""
+def _op_counts(path: Path) -> tuple[dict[str, float] | None, float | None]:
+    """Compute ops per step in each micro-batch stage of one rank's trace, and their floor."""
     from recprof.analysis.stages import attribute
     from recprof.analysis.windows import step_windows
     from recprof.trace import build_rank_trace, read_trace
@@ -112,16 +114,17 @@ def _dense_ops(path: Path, steps: int) -> tuple[float | None, float | None]:
     windows, _ = step_windows(trace)
     acts = trace.activities
     stage = attribute(trace).stage
-    dense = np.isin(stage, [STAGES.index(s) for s in DENSE_STAGES])
     inside = np.zeros(len(acts), dtype=bool)
     for w in windows:
         inside |= (acts.start >= w.start) & (acts.end <= w.end)
-    ops = dense & inside & (acts.klass == ActivityClass.COMPUTE)
-    if not ops.any():
+    ops = inside & (acts.klass == ActivityClass.COMPUTE)
+    counts = {s: float((ops & (stage == STAGES.index(s))).sum()) / max(len(windows), 1)
+              for s in MICRO_BATCH_STAGES}
+    repeated = ops & np.isin(stage, [STAGES.index(s) for s in MICRO_BATCH_STAGES])
+    if not repeated.any():
         return None, None
-    durations = acts.end[ops] - acts.start[ops]
-    return float(ops.sum()) / max(len(windows), 1), float(np.quantile(durations,
-                                                                       OP_FLOOR_QUANTILE))
+    durations = acts.end[repeated] - acts.start[repeated]
+    return counts, float(np.quantile(durations, OP_FLOOR_QUANTILE))
 
 
 def trainer_config(job: JobAnalysis) -> tuple[object | None, str]:

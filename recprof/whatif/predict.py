@@ -100,7 +100,11 @@ class Predictor:
         self.cfg = base.config
         self.knobs = {k: getattr(self.cfg, k) for k in KNOBS}
         self.shape = JobShape(base.world, self.cfg.batch_size, self.cfg.embedding_dim)
-        self.overlap_prefetch = host_cores() >= 2 * base.ranks_per_host()
+        # A CPU rank with no spare core runs its prefetch thread and its collectives' transfers
+        # on the core its compute needs; a GPU rank's collectives run on the device and its
+        # host has cores to spare (assumed: the job's hosts are not this machine).
+        self.spare_core = (base.job.device_kind != "cpu"
+                           or host_cores() >= 2 * base.ranks_per_host())
         self.network = Network(base.links, base.ranks_per_host())
         self._traffic: dict[str, Traffic] = {}
         self.reference = self._traffic_of(self.knobs, base.world)
@@ -158,12 +162,12 @@ class Predictor:
                 network: Network | None = None) -> Replay:
         world = world or self.base.world
         plan = trainer_plan(self.base, knobs, self._traffic_of(knobs, world), self.reference,
-                            self._codec_cost(knobs["qcomms"]), scale, self.overlap_prefetch,
+                            self._codec_cost(knobs["qcomms"]), scale, self.spare_core,
                             network or self.network, world)
         self._assumptions = plan.assumptions
-        if not self.overlap_prefetch:
+        if not self.spare_core:
             main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
-            return replay(main, plan.collectives)
+            return replay(main, plan.collectives, blocking_posts=True)
         return replay(plan.main, plan.collectives, plan.prefetch)
 
     def _scaling(self, change: dict[str, Any]) -> tuple[int, Network, list[str]] | str:
@@ -204,8 +208,8 @@ class Predictor:
             if name in _NOT_MODELLED:
                 return f"{name}: the model cannot predict it ({_NOT_MODELLED[name]})"
             if name == "micro_batches" and value != self.knobs[name] and any(
-                    rb.dense_ops is None for rb in self.base.ranks.values()):
-                return ("micro_batches: needs the traces' dense ops to know the fixed cost each "
+                    rb.ops_per_step is None for rb in self.base.ranks.values()):
+                return ("micro_batches: needs the traces' ops to know the fixed cost each "
                         "micro-batch repeats (give the capture folder or traces, not only an "
                         "analysis JSON)")
         scaling = self._scaling(change)
@@ -264,6 +268,8 @@ def _solve(step_at: Callable[[float], float], target: float, lo: float, hi: floa
 
 #: Timings per codec measurement; the minimum is kept (other load only ever adds time).
 _CODEC_REPEATS = 30
+#: The largest table the codec measurement gathers from (far beyond any cache either way).
+_CODEC_TABLE_ROWS = 1 << 18
 
 
 def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
@@ -277,9 +283,9 @@ def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
 
     dtype = cfg.float_dtype()
     dim = cfg.embedding_dim // cfg.reshape
-    # The job's own table size, so the gather meets the caches its lookup meets; one thread,
-    # as each rank of the trainer runs (torchrun sets OMP_NUM_THREADS=1).
-    table = torch.randn(max(sum(cfg.table_rows()), 1), dim, dtype=dtype)
+    # The job's own table size (up to a bound), so the gather meets the caches its lookup
+    # meets; one thread, as each rank of the trainer runs (torchrun sets OMP_NUM_THREADS=1).
+    table = torch.rand(min(max(sum(cfg.table_rows()), 1), _CODEC_TABLE_ROWS), dim, dtype=dtype)
     index = torch.randint(0, table.shape[0], (max(rows, 1),))
     codec = Codec(qcomms, "fwd", dtype)
     threads = torch.get_num_threads()

@@ -32,9 +32,11 @@ class Compute:
 
 @dataclass(frozen=True)
 class Post:
-    """Start collective `name` (all members post the same name); returns at once."""
+    """Start collective `name` (all members post the same name); returns at once, unless the
+    replay runs with `blocking_posts` (then the wait counts under `stage`)."""
 
     name: str
+    stage: str
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,16 @@ class _Thread:
 
 
 def replay(main: dict[int, Program], collectives: dict[str, Collective],
-           prefetch: dict[int, Program] | None = None) -> Replay:
+           prefetch: dict[int, Program] | None = None, blocking_posts: bool = False) -> Replay:
     """Time every rank's programs; raise `RecprofError` on an inconsistent graph (a wait on a
-    collective nobody posts, or members that never post it)."""
+    collective nobody posts, or members that never post it).
+
+    `blocking_posts`: a rank cannot do anything else while its collective moves bytes (a CPU
+    rank with no core to spare: gloo's transfer needs the core the compute runs on), so every
+    post waits for its collective."""
+    if blocking_posts:
+        main = {r: _blocking(p) for r, p in main.items()}
+        prefetch = {r: _blocking(p) for r, p in (prefetch or {}).items()}
     threads = [_Thread(r, p, True) for r, p in main.items()]
     threads += [_Thread(r, p, False) for r, p in (prefetch or {}).items()]
     posted: dict[str, dict[int, float]] = defaultdict(dict)
@@ -152,3 +161,13 @@ def replay(main: dict[int, Program], collectives: dict[str, Collective],
         timing[t.rank].end_us = max(timing[t.rank].end_us, t.clock)
     critical = max(timing, key=lambda r: timing[r].end_us)
     return Replay(step_us=timing[critical].end_us, ranks=timing, critical_rank=critical)
+
+
+def _blocking(program: Program) -> Program:
+    """`program` with every post followed by its wait."""
+    out: Program = []
+    for ins in program:
+        out.append(ins)
+        if isinstance(ins, Post):
+            out.append(Wait(ins.name, ins.stage))
+    return out

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from recprof.whatif.baseline import DENSE_STAGES, Baseline
+from recprof.whatif.baseline import MICRO_BATCH_STAGES, Baseline, RankBaseline
 from recprof.whatif.costs import Network
 from recprof.whatif.replay import Collective, Compute, Post, Program, Wait
 from recprof.whatif.traffic import KEY_BYTES, Traffic, wire_bytes
@@ -44,7 +44,7 @@ class CodecCost:
 
 
 def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, reference: Traffic,
-                 codec: CodecCost, compute_scale: float, overlap_prefetch: bool,
+                 codec: CodecCost, compute_scale: float, spare_core: bool,
                  network: Network, world: int) -> Plan:
     """The built-in trainer's step under `knobs` (a full knob dict) on `world` ranks; ranks
     beyond the captured ones run the compute of the captured rank they replicate."""
@@ -84,37 +84,37 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         fetch: Program = [
             Compute("data_loading", c.get("data_loading", 0.0)),
             Compute("input_dist", c.get("input_dist", 0.0)),
-            Post(coll(f"key0@{group}", "all_to_all", group, tr.key_routing[0])),
+            Post(coll(f"key0@{group}", "all_to_all", group, tr.key_routing[0]), "input_dist"),
             Wait(f"key0@{group}", "input_dist"),
-            Post(coll(f"key1@{group}", "all_to_all", group, tr.key_routing[1])),
+            Post(coll(f"key1@{group}", "all_to_all", group, tr.key_routing[1]), "input_dist"),
             Wait(f"key1@{group}", "input_dist"),
             Compute("embedding_lookup", lookup + codec_fwd / 2),
         ]
-        fetch += [Post(coll(f"fwd{m}@{group}", "all_to_all", group, tr.rows_fwd[m] * fwd_row))
-                  for m in range(n)]
+        fetch += [Post(coll(f"fwd{m}@{group}", "all_to_all", group, tr.rows_fwd[m] * fwd_row),
+                       "embedding_a2a") for m in range(n)]
         program: Program = []
         if dbp:
             # The next batch's fetch runs on the prefetch thread; this step's rows are there.
             prefetch[r] = fetch
         else:
             program += fetch
-        dense_fixed = _dense_fixed(rb, compute_scale)
+        fixed = _fixed_per_pass(rb, c)
+        per_pass = {stage: fixed[stage] + (c.get(stage, 0.0) - fixed[stage]) / n
+                    for stage in MICRO_BATCH_STAGES}
         for m in range(n):
             if not dbp:
                 program.append(Wait(f"fwd{m}@{group}", "embedding_a2a"))
-            program.append(Compute("embedding_a2a",
-                                   (c.get("embedding_a2a", 0.0) + codec_fwd / 2) / n))
-            for stage in DENSE_STAGES:
-                whole = c.get(stage, 0.0)
-                fixed = dense_fixed.get(stage, 0.0)
-                program.append(Compute(stage, fixed + (whole - fixed) / n))
+            program.append(Compute("embedding_a2a", per_pass["embedding_a2a"] + codec_fwd / 2 / n))
+            program.append(Compute("dense_forward", per_pass["dense_forward"]))
+            program.append(Compute("dense_backward", per_pass["dense_backward"]))
             program.append(Compute("embedding_grad_a2a",
-                                   (c.get("embedding_grad_a2a", 0.0) + codec_bwd / 2) / n))
+                                   per_pass["embedding_grad_a2a"] + codec_bwd / 2 / n))
             program.append(Post(coll(f"bwd{m}@{group}", "all_to_all", group,
-                                     tr.rows_bwd[m] * bwd_row)))
+                                     tr.rows_bwd[m] * bwd_row), "embedding_grad_a2a"))
         dense_bytes = _mean(rb.bytes_by_purpose.get("dense_grads"))
         program += [Compute("dense_allreduce", c.get("dense_allreduce", 0.0)),
-                    Post(coll("dense", "all_reduce", tuple(range(world)), dense_bytes))]
+                    Post(coll("dense", "all_reduce", tuple(range(world)), dense_bytes),
+                         "dense_allreduce")]
         program += [Wait(f"bwd{m}@{group}", "embedding_grad_a2a") for m in range(n)]
         program.append(Compute("embedding_grad_a2a", codec_bwd / 2))
         if groups > 1:
@@ -122,7 +122,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                    ("all_reduce", tr.hsp_rows * hsp_row))
             for i, (kind, nbytes) in enumerate(hsp):
                 name = coll(f"hsp{i}@{replicas}", kind, replicas, nbytes)
-                program += [Post(name), Wait(name, "embedding_grad_a2a")]
+                program += [Post(name, "embedding_grad_a2a"), Wait(name, "embedding_grad_a2a")]
         optimizer = c.get("optimizer", 0.0)
         program += [Compute("optimizer", optimizer / 2), Wait("dense", "dense_allreduce"),
                     Compute("optimizer", optimizer / 2)]
@@ -130,29 +130,33 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
             program.append(Wait(f"key1@{group}", "dbp_refresh"))
             for i, nbytes in enumerate((*tr.refresh_keys, tr.refresh_rows * (KEY_BYTES + fwd_row))):
                 name = coll(f"refresh{i}@{group}", "all_to_all", group, nbytes)
-                program += [Post(name), Wait(name, "embedding_a2a")]
+                program += [Post(name, "embedding_a2a"), Wait(name, "embedding_a2a")]
         program += [Compute("other", c.get("other", 0.0) + rb.unattributed_us * compute_scale)]
         main[r] = program
     notes.append("the embedding optimizer half of `optimizer` runs before the dense all-reduce "
                  "wait, the dense half after it (half each)")
     if n > 1:
-        notes.append("per micro-batch, the dense stages repeat their fixed per-op cost (ops per "
-                     "step x their 10th-percentile duration) and split the rest evenly")
-    if dbp:
-        notes.append("the prefetch thread " + (
-            "overlaps the main thread (a spare core per rank)" if overlap_prefetch
-            else "shares the rank's core with the main thread, so its compute is serialised"))
+        notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
+                     "fixed per-op cost (ops per step x the ops' 10th-percentile duration) and "
+                     "split the rest evenly")
+    if spare_core:
+        if dbp:
+            notes.append("the prefetch thread overlaps the main thread (a spare core per rank)")
+    else:
+        notes.append("each rank has no spare core (CPU ranks sharing this machine's cores): "
+                     "collective transfers and the prefetch thread take the core the compute "
+                     "needs, so nothing overlaps")
     return Plan(main, prefetch, colls, notes)
 
 
-def _dense_fixed(rb: Any, scale: float) -> dict[str, float]:
-    """Fixed cost per dense pass, split over the dense stages by their compute."""
-    if rb.dense_ops is None or rb.op_floor_us is None:
-        return {}
-    total = sum(rb.compute_us.get(s, 0.0) for s in DENSE_STAGES)
-    fixed = min(rb.dense_ops * rb.op_floor_us, total)
-    return {s: fixed * rb.compute_us.get(s, 0.0) / total * scale if total else 0.0
-            for s in DENSE_STAGES}
+def _fixed_per_pass(rb: RankBaseline, compute: dict[str, float]) -> dict[str, float]:
+    """Each micro-batch stage's fixed cost per pass (its ops x the per-op floor, at most the
+    stage's compute), scaled like the compute; 0 where the ops are not known."""
+    scale = {s: compute.get(s, 0.0) / rb.compute_us[s] if rb.compute_us.get(s) else 1.0
+             for s in MICRO_BATCH_STAGES}
+    ops, floor = rb.ops_per_step or {}, rb.op_floor_us or 0.0
+    return {s: min(ops.get(s, 0.0) * floor * scale[s], compute.get(s, 0.0))
+            for s in MICRO_BATCH_STAGES}
 
 
 def _ratio(a: float, b: float) -> float:

@@ -65,8 +65,6 @@ class Traffic:
 def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
     """Each rank's messages per step under `cfg` on `world` ranks (`cfg.qcomms` plays no
     part: rows are counted)."""
-    import torch
-
     from recprof.nestpipe.data import SyntheticSource
     from recprof.nestpipe.embedding import _feature_ids
     from recprof.nestpipe.microbatch import split
@@ -95,14 +93,14 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
                 segs = [(m, f) for m in range(n) for f, tt in enumerate(tables_of) if tt == t]
                 if not segs:
                     continue
-                flat = torch.cat([ids[m][f] for m, f in segs]) % rows[t]
-                user = torch.repeat_interleave(
-                    torch.tensor([m for m, _ in segs]),
-                    torch.tensor([ids[m][f].shape[0] for m, f in segs]))
-                uniq, inverse = torch.unique(flat, return_inverse=True)
-                first = torch.full_like(uniq, n).scatter_reduce_(0, inverse, user, "amin")
-                last = torch.zeros_like(uniq).scatter_reduce_(0, inverse, user, "amax")
-                windows[r][t] = (uniq.numpy(), first.numpy(), last.numpy())
+                flat = np.concatenate([ids[m][f].numpy() for m, f in segs]) % rows[t]
+                user = np.repeat([m for m, _ in segs], [ids[m][f].shape[0] for m, f in segs])
+                uniq, inverse = np.unique(flat, return_inverse=True)
+                first = np.full(uniq.shape, n)
+                np.minimum.at(first, inverse, user)
+                last = np.zeros(uniq.shape, dtype=np.int64)
+                np.maximum.at(last, inverse, user)
+                windows[r][t] = (uniq, first, last)
         _count_step(windows, totals, layout, group, world, n, cfg, previous)
         previous = {r: {t: set(w[0].tolist()) for t, w in tabs.items()}
                     for r, tabs in windows.items()}

@@ -14,8 +14,8 @@ from recprof.whatif.replay import Collective, Compute, Post, Wait, replay
 
 def test_a_collective_waits_for_the_last_rank_and_the_wait_counts_in_its_stage() -> None:
     programs = {
-        0: [Compute("dense", 1.0), Post("x"), Wait("x", "comm"), Compute("opt", 1.0)],
-        1: [Compute("dense", 3.0), Post("x"), Wait("x", "comm"), Compute("opt", 1.0)],
+        0: [Compute("dense", 1.0), Post("x", "comm"), Wait("x", "comm"), Compute("opt", 1.0)],
+        1: [Compute("dense", 3.0), Post("x", "comm"), Wait("x", "comm"), Compute("opt", 1.0)],
     }
     result = replay(programs, {"x": Collective((0, 1), 2.0)})
     assert result.step_us == pytest.approx(6.0)  # 3 (rank 1) + 2 transfer + 1
@@ -25,19 +25,27 @@ def test_a_collective_waits_for_the_last_rank_and_the_wait_counts_in_its_stage()
 
 def test_collectives_share_a_rank_link_in_post_order() -> None:
     # Both posted at 0; the second starts only when the first is off the link.
-    program = [Post("a"), Post("b"), Compute("dense", 1.0), Wait("b", "comm")]
+    program = [Post("a", "comm"), Post("b", "comm"), Compute("dense", 1.0), Wait("b", "comm")]
     colls = {"a": Collective((0,), 5.0), "b": Collective((0,), 5.0)}
     assert replay({0: program}, colls).step_us == pytest.approx(10.0)
 
 
 def test_async_transfer_overlaps_compute() -> None:
-    program = [Post("a"), Compute("dense", 4.0), Wait("a", "comm")]
+    program = [Post("a", "comm"), Compute("dense", 4.0), Wait("a", "comm")]
     assert replay({0: program}, {"a": Collective((0,), 3.0)}).step_us == pytest.approx(4.0)
+
+
+def test_blocking_posts_serialise_transfers_with_compute() -> None:
+    # a CPU rank without a spare core: the transfer takes the core the compute needs
+    program = [Post("a", "comm"), Compute("dense", 4.0), Wait("a", "comm")]
+    result = replay({0: program}, {"a": Collective((0,), 3.0)}, blocking_posts=True)
+    assert result.step_us == pytest.approx(7.0)
+    assert result.stages == {"comm": pytest.approx(3.0), "dense": pytest.approx(4.0)}
 
 
 def test_prefetch_thread_overlaps_the_main_thread() -> None:
     main = {0: [Compute("dense", 5.0)]}
-    prefetch = {0: [Compute("data_loading", 3.0), Post("f")]}
+    prefetch = {0: [Compute("data_loading", 3.0), Post("f", "comm")]}
     result = replay(main, {"f": Collective((0,), 1.0)}, prefetch)
     assert result.step_us == pytest.approx(5.0)
     assert "data_loading" not in result.stages  # only the main thread is attributed
@@ -45,7 +53,7 @@ def test_prefetch_thread_overlaps_the_main_thread() -> None:
 
 def test_a_graph_that_cannot_finish_is_an_error_not_a_hang() -> None:
     with pytest.raises(RecprofError, match="cannot finish"):
-        replay({0: [Post("x"), Wait("x", "comm")], 1: [Compute("dense", 1.0)]},
+        replay({0: [Post("x", "comm"), Wait("x", "comm")], 1: [Compute("dense", 1.0)]},
                {"x": Collective((0, 1), 1.0)})
 
 
