@@ -245,8 +245,8 @@ def build_rank_trace(raw: RawTrace) -> RankTrace:
 def _no_collection() -> Iterator[None]:
     """Python's cyclic collector paused: the event loop allocates a few objects per event,
     none in a cycle, and the collector would scan the growing lists of them over and over
-    (0.2 of 0.6 CPU seconds on a 61 MB trace). It is process-wide: the first of several
-    threads building at once to finish turns it back on."""
+    (0.2 of 0.6 CPU seconds on a 61 MB trace). It is process-wide: of several threads
+    building at once, the one that found it on turns it back on when it is done."""
     enabled = gc.isenabled()
     gc.disable()
     try:
