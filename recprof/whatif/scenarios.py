@@ -123,9 +123,12 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
             for i, (kind, nbytes) in enumerate(hsp):
                 name = coll(f"hsp{i}@{replicas}", kind, replicas, nbytes)
                 program += [Post(name, "embedding_grad_a2a"), Wait(name, "embedding_grad_a2a")]
+        # The embedding half of the optimizer updates the rows this rank owns that were touched
+        # (with HSP: the union over the replicas), the dense half the dense parameters.
         optimizer = c.get("optimizer", 0.0)
-        program += [Compute("optimizer", optimizer / 2), Wait("dense", "dense_allreduce"),
-                    Compute("optimizer", optimizer / 2)]
+        applied = _ratio(tr.rows_applied, ref.rows_applied)
+        program += [Compute("optimizer", optimizer / 2 * applied),
+                    Wait("dense", "dense_allreduce"), Compute("optimizer", optimizer / 2)]
         if dbp:
             program.append(Wait(f"key1@{group}", "dbp_refresh"))
             for i, nbytes in enumerate((*tr.refresh_keys, tr.refresh_rows * (KEY_BYTES + fwd_row))):
@@ -133,8 +136,8 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                 program += [Post(name, "embedding_a2a"), Wait(name, "embedding_a2a")]
         program += [Compute("other", c.get("other", 0.0) + rb.unattributed_us * compute_scale)]
         main[r] = program
-    notes.append("the embedding optimizer half of `optimizer` runs before the dense all-reduce "
-                 "wait, the dense half after it (half each)")
+    notes.append("the embedding optimizer half of `optimizer` (scaling with the rows it "
+                 "updates) runs before the dense all-reduce wait, the dense half after it")
     if n > 1:
         notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
                      "fixed per-op cost (ops per step x the ops' 10th-percentile duration) and "

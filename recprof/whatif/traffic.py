@@ -41,6 +41,7 @@ class RankTraffic:
     refresh_keys: list[float] = field(default_factory=list)  # bytes: counts, positions
     refresh_rows: float = 0.0  # DBP's refreshed rows
     rows_requested: float = 0.0  # unique rows this rank fetches per step (all chunks)
+    rows_applied: float = 0.0  # rows this rank's optimizer updates (its touched shard rows)
 
 
 def wire_bytes(cfg: TrainConfig) -> tuple[int, int, int]:
@@ -114,6 +115,7 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
         tr.hsp_rows /= k
         tr.refresh_rows /= k
         tr.rows_requested /= k
+        tr.rows_applied /= k
     return Traffic(totals, k)
 
 
@@ -178,6 +180,9 @@ def _count_step(windows, totals, layout, group, world, n, cfg, previous) -> None
             longest = max(len(touched[x]) for x in replicas)
             tr.hsp_ids += KEY_BYTES * longest
             tr.hsp_rows += len(union)
+            tr.rows_applied += len(union)
+        else:
+            tr.rows_applied += len(touched[r])
         if cfg.dbp:
             tr.refresh_keys[0] += KEY_BYTES * group
             tr.refresh_keys[1] += message(refresh, r, KEY_BYTES)
