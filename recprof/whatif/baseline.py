@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recprof.analysis.model import JobAnalysis
+from recprof.analysis.model import JobAnalysis, RankAnalysis
 from recprof.errors import RecprofError
 from recprof.trace.vocabulary import PURPOSE_STAGE
 from recprof.whatif.costs import LinkFit, fit_links, transfer_us
@@ -40,6 +40,9 @@ class RankBaseline:
     compute_us: dict[str, float]  # stage -> its time less the collectives inside it
     unattributed_us: float  # step time no stage holds (host gaps between labels)
     bytes_by_purpose: dict[str, list[float]] = field(default_factory=dict)  # per instance
+    kind_by_purpose: dict[str, str] = field(default_factory=dict)  # the collective it uses
+    transfer_by_purpose: dict[str, float] = field(default_factory=dict)  # per step, less waits
+    exposed_by_purpose: dict[str, float] = field(default_factory=dict)  # per step, not hidden
     #: compute ops per step in each of MICRO_BATCH_STAGES (None: the traces are not at hand)
     ops_per_step: dict[str, float] | None = None
     op_floor_us: float | None = None  # their 10th-percentile duration: the fixed cost per op
@@ -71,10 +74,14 @@ def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
     steps = max(len(job.steps_analysed), 1)
     comm_by_rank_stage: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     bytes_by_rank: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    kind_by_rank: dict[int, dict[str, str]] = defaultdict(dict)
+    transfer: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for s in job.collective_samples:
         stage = PURPOSE_STAGE.get(s.purpose, "other")
         comm_by_rank_stage[s.rank][stage] += s.dur_us / steps
         bytes_by_rank[s.rank][s.purpose].append(s.bytes)
+        kind_by_rank[s.rank].setdefault(s.purpose, s.kind)
+        transfer[s.rank][s.purpose] += transfer_us(s) / steps
     ranks = {}
     for r in job.ranks:
         stage_time = {k: v.time_us_per_step for k, v in r.stages.items()}
@@ -84,7 +91,10 @@ def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
         ranks[r.rank] = RankBaseline(
             rank=r.rank, host=r.host, step_us=step, compute_us=compute,
             unattributed_us=max(step - sum(stage_time.values()), 0.0),
-            bytes_by_purpose={p: [b / 1.0 for b in v] for p, v in bytes_by_rank[r.rank].items()},
+            bytes_by_purpose={p: list(v) for p, v in bytes_by_rank[r.rank].items()},
+            kind_by_purpose=kind_by_rank[r.rank],
+            transfer_by_purpose=dict(transfer[r.rank]),
+            exposed_by_purpose=_exposed_by_purpose(r, steps),
         )
         if with_ops and Path(r.file).is_file():
             ranks[r.rank].ops_per_step, ranks[r.rank].op_floor_us = _op_counts(Path(r.file))
@@ -96,6 +106,14 @@ def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
         unprofiled_step_us=run.unprofiled_step_us if run else None,
         config=config, config_note=note,
     )
+
+
+def _exposed_by_purpose(rank: RankAnalysis, steps: int) -> dict[str, float]:
+    """Per purpose, the rank's collective time per step that no compute hid."""
+    out: dict[str, float] = defaultdict(float)
+    for c in rank.collectives:
+        out[c.purpose] += c.exposed_us / steps
+    return dict(out)
 
 
 def _op_counts(path: Path) -> tuple[dict[str, float] | None, float | None]:

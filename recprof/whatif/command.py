@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
@@ -13,10 +13,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from recprof.errors import RecprofError
-from recprof.mirror.command import one_job
 from recprof.nestpipe.knobs import knobs_label
-from recprof.whatif.baseline import measure
-from recprof.whatif.predict import Predictor, Scenario, WhatIf
+
+if TYPE_CHECKING:
+    from recprof.whatif.predict import Scenario, WhatIf
 
 
 def parse_try(text: str) -> dict[str, Any]:
@@ -52,6 +52,11 @@ def whatif(
 
     Example: recprof whatif recprof-runs/demo --try micro_batches=4 --try qcomms=fp16,dbp=true
     """
+    # Imported here: `recprof --help` and every other command start without scipy and torch.
+    from recprof.mirror.command import one_job
+    from recprof.whatif.baseline import measure
+    from recprof.whatif.predict import Predictor
+
     console = Console()
     err = Console(stderr=True, soft_wrap=True)
     changes = [parse_try(t) for t in tries] if tries else None

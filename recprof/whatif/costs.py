@@ -10,6 +10,7 @@ bus factors, since an all-reduce moves 2(n-1)/n of its bytes per rank and an all
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +93,9 @@ class Network:
 
     links: dict[str, LinkFit]
     ranks_per_node: int
+    #: the group size the lines were fitted at: a collective over more ranks moves more of
+    #: its message per rank (nccl-tests' bus factor: an all-to-all (n-1)/n, a ring 2(n-1)/n)
+    fitted_group: int
     inter_bytes_per_us: float | None = None  # None: one node, or the fits already span nodes
     #: Multiplies every transfer: what the recorded step shows collectives cost beyond their
     #: fitted lines (contention for cores and links while they run), from calibration.
@@ -105,15 +109,23 @@ class Network:
                 return self.links[candidate]
         raise KeyError(kind)
 
+    def fitted(self, kind: str, members: tuple[int, ...], nbytes: float) -> float:
+        """The transfer without the contention factor (what the fitted lines alone say)."""
+        return dataclasses.replace(self, contention=1.0).transfer_us(kind, members, nbytes)
+
     def transfer_us(self, kind: str, members: tuple[int, ...], nbytes: float) -> float:
         if len(members) == 1:
             return 0.0  # a group of one exchanges with itself: a local copy, no wire
         fit = self.link(kind)
+        nbytes *= bus_factor(kind, len(members)) / bus_factor(kind, self.fitted_group)
         nodes = {m // self.ranks_per_node for m in members}
         if self.inter_bytes_per_us is None or len(nodes) == 1:
             return fit.transfer_us(nbytes) * self.contention
-        # An all-to-all sends the share addressed to other nodes over the slow link; a ring
-        # collective's bytes all cross it once the ring leaves the node.
+        # An all-to-all sends the share addressed to other nodes over the inter-node link; a
+        # ring collective's bytes all cross it once the ring leaves the node. Bytes crossing
+        # it move no faster than the hosts moved bytes in the capture (gloo on CPU is bound
+        # by the cores, not the wire).
         crossing = (1.0 - self.ranks_per_node / len(members)) if kind == "all_to_all" else 1.0
+        inter = min(self.inter_bytes_per_us, fit.bytes_per_us)
         return self.contention * (fit.latency_us + nbytes * (1 - crossing) / fit.bytes_per_us
-                                  + nbytes * crossing / self.inter_bytes_per_us)
+                                  + nbytes * crossing / inter)

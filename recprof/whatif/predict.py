@@ -20,7 +20,13 @@ from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_defaul
 from recprof.whatif.baseline import Baseline, host_cores
 from recprof.whatif.costs import Network
 from recprof.whatif.replay import Replay, replay
-from recprof.whatif.scenarios import CodecCost, trainer_plan, with_knobs
+from recprof.whatif.scenarios import (
+    EMBEDDING_EXCHANGE,
+    CodecCost,
+    job_replay,
+    trainer_plan,
+    with_knobs,
+)
 from recprof.whatif.traffic import Traffic, traffic
 
 SCHEMA = "recprof.whatif/1"
@@ -31,6 +37,10 @@ _ROUTING = tuple(k for k in MODELLED if k != "qcomms")
 #: Scaling questions, beside the knobs: `--try world_size=8,inter_node_gbit=100`.
 WORLD_SIZE = "world_size"
 INTER_NODE_GBIT = "inter_node_gbit"
+#: What the replay predicts for a job that is not the built-in trainer.
+JOB_CHANGES = ("qcomms", WORLD_SIZE, INTER_NODE_GBIT)
+#: Bytes per element of each wire precision (fp8 rows also carry a scale; left out here).
+WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: A stage whose replayed time changes by less than this share of the step has not moved.
 STILL = 0.005
 _NOT_MODELLED = {
@@ -91,24 +101,28 @@ class Predictor:
     """Predictions for one baseline; `predict` may be called for many knob settings."""
 
     def __init__(self, base: Baseline) -> None:
-        if base.config is None:
-            raise RecprofError(f"cannot predict trainer knobs: {base.config_note}")
         if not base.links:
-            raise RecprofError("the capture holds no sized collective instances to fit the "
-                               "links on")
+            raise RecprofError(f"{base.job.id}: its collectives carry no message sizes (the "
+                               "trace records none), so no link can be fitted and nothing "
+                               "predicted")
         self.base = base
-        self.cfg = base.config
-        self.knobs = {k: getattr(self.cfg, k) for k in KNOBS}
-        self.shape = JobShape(base.world, self.cfg.batch_size, self.cfg.embedding_dim)
+        self.cfg = base.config  # None: not the built-in trainer, only JOB_CHANGES are predicted
+        if self.cfg is not None:
+            self.knobs = {k: getattr(self.cfg, k) for k in KNOBS}
+            self.shape = JobShape(base.world, self.cfg.batch_size, self.cfg.embedding_dim)
+        else:
+            self.knobs = {"qcomms": "fp32"}
+            self.shape = JobShape(base.world)
         # A CPU rank with no spare core runs its prefetch thread and its collectives' transfers
         # on the core its compute needs; a GPU rank's collectives run on the device and its
         # host has cores to spare (assumed: the job's hosts are not this machine).
         self.spare_core = (base.job.device_kind != "cpu"
                            or host_cores() >= 2 * base.ranks_per_host())
-        self.network = Network(base.links, base.ranks_per_host())
+        self.network = Network(base.links, base.ranks_per_host(), base.world)
         self._traffic: dict[str, Traffic] = {}
-        self.reference = self._traffic_of(self.knobs, base.world)
         self._codec: dict[str, tuple[float, float]] = {}
+        if self.cfg is not None:
+            self.reference = self._traffic_of(self.knobs, base.world)
         target = base.unprofiled_step_us
         self.calibrated = target is not None
         if target is None:
@@ -118,15 +132,27 @@ class Predictor:
         # collectives cost beyond their fitted lines while compute and other collectives
         # contend with them (a factor on every transfer). Then compute is scaled to the
         # unprofiled step the step logs measured: the profiler slows ops, not the wire.
+        # (A job that is not the trainer starts from its measured exposure: nothing to fit.)
         uncalibrated = self._replay(self.knobs, 1.0).step_us
-        contention = _solve(lambda c: self._replay(self.knobs, 1.0, network=dataclasses.replace(
-            self.network, contention=c)).step_us, base.measured_step_us, 0.1, 20.0)
+        contention = 1.0
+        if self.cfg is not None:
+            contention = _solve(lambda c: self._replay(
+                self.knobs, 1.0, network=dataclasses.replace(self.network, contention=c)
+            ).step_us, base.measured_step_us, *CONTENTION_RANGE)
         self.network = dataclasses.replace(self.network, contention=contention)
-        self.scale = _solve(lambda k: self._replay(self.knobs, k).step_us, target, 0.02, 50.0)
+        self.scale = _solve(lambda k: self._replay(self.knobs, k).step_us, target, *SCALE_RANGE)
+        for value, (lo, hi), what in ((contention, CONTENTION_RANGE, "transfer"),
+                                      (self.scale, SCALE_RANGE, "compute")):
+            if not lo * 1.01 < value < hi / 1.01:
+                raise RecprofError(
+                    f"{base.job.id}: the replay cannot reproduce this capture's step "
+                    f"({uncalibrated / 1e3:.2f} ms replayed, {base.measured_step_us / 1e3:.2f} ms "
+                    f"recorded, {target / 1e3:.2f} ms to match) with any {what} factor in "
+                    f"[{lo}, {hi}]; predictions would be guesses")
         self.calibration = (
             f"replay of the recorded baseline {uncalibrated / 1e3:.2f} ms vs measured "
-            f"{base.measured_step_us / 1e3:.2f} ms (profiled): transfers x{contention:.2f} "
-            "for contention; "
+            f"{base.measured_step_us / 1e3:.2f} ms (profiled)"
+            + (f": transfers x{contention:.2f} for contention; " if self.cfg else "; ")
             + (f"compute scaled x{self.scale:.3f} to the unprofiled step "
                f"{target / 1e3:.2f} ms from the step logs" if self.calibrated else
                "no step logs: could not calibrate to unprofiled steps, so predictions are of "
@@ -161,9 +187,14 @@ class Predictor:
     def _replay(self, knobs: dict[str, Any], scale: float, world: int | None = None,
                 network: Network | None = None) -> Replay:
         world = world or self.base.world
-        plan = trainer_plan(self.base, knobs, self._traffic_of(knobs, world), self.reference,
-                            self._codec_cost(knobs["qcomms"]), scale, self.spare_core,
-                            network or self.network, world)
+        if self.cfg is None:
+            result, self._assumptions = job_replay(
+                self.base, WIRE_BYTES[knobs["qcomms"]] / WIRE_BYTES["fp32"], scale,
+                network or self.network, world)
+            return result
+        plan = trainer_plan(self.base, knobs, self._traffic_of(knobs, world),
+                            self.reference, self._codec_cost(knobs["qcomms"]), scale,
+                            self.spare_core, network or self.network, world)
         self._assumptions = plan.assumptions
         if not self.spare_core:
             main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
@@ -183,22 +214,25 @@ class Predictor:
         hosts = len({r.host for r in self.base.ranks.values()})
         notes = []
         if world != self.base.world:
-            per_rank = self.cfg.batch_size // self.base.world
-            notes.append(f"weak scaling: each rank keeps its {per_rank} samples per step; ranks "
-                         f"beyond the {self.base.world} captured run the compute of the captured "
-                         "rank they replicate (replicated)")
+            share = (f"its {self.cfg.batch_size // self.base.world} samples" if self.cfg
+                     else "its samples and message sizes")
+            notes.append(f"weak scaling: each rank keeps {share} per step; ranks beyond the "
+                         f"{self.base.world} captured run the compute of the captured rank they "
+                         "replicate (replicated)")
         if world > per_node * hosts and hosts == 1 and gbit is None:
             return (f"{WORLD_SIZE}={world} needs {(world + per_node - 1) // per_node} nodes of "
                     f"{per_node} ranks: give {INTER_NODE_GBIT} (the capture ran on one node, so "
                     "it holds no inter-node link to fit)")
         network = self.network
         if gbit is not None:
-            network = Network(self.base.links, per_node, gbit * 1e9 / 8 / 1e6)
+            network = dataclasses.replace(self.network, inter_bytes_per_us=gbit * 1e9 / 8 / 1e6)
             notes.append(f"{per_node} ranks per node as captured; between nodes {gbit} Gbit/s, "
                          "inside a node the captured links")
         return world, network, notes
 
     def refusal(self, change: dict[str, Any]) -> str | None:
+        if self.cfg is None:
+            return self._job_refusal(change)
         for name, value in change.items():
             if name in (WORLD_SIZE, INTER_NODE_GBIT):
                 continue
@@ -222,6 +256,26 @@ class Predictor:
         found = problems(merged, shape)
         return found[0].reason() if found else None
 
+    def _job_refusal(self, change: dict[str, Any]) -> str | None:
+        """Why a change to a job that is not the built-in trainer cannot be predicted."""
+        framework = self.base.job.framework
+        for name, value in change.items():
+            if name not in JOB_CHANGES:
+                return (f"{name}: for this {framework} job the replay predicts only "
+                        f"{', '.join(JOB_CHANGES)} ({self.base.config_note}, whose schedule "
+                        "the other knobs need)")
+            if name == "qcomms":
+                if value not in WIRE_BYTES:
+                    return f"qcomms must be one of {'|'.join(WIRE_BYTES)}, got {value!r}"
+                if not self._has_embedding_exchange():
+                    return "qcomms: this job exchanges no embeddings (no all-to-all carries them)"
+        scaling = self._scaling(change)
+        return scaling if isinstance(scaling, str) else None
+
+    def _has_embedding_exchange(self) -> bool:
+        return any(p in EMBEDDING_EXCHANGE for rb in self.base.ranks.values()
+                   for p in rb.bytes_by_purpose)
+
     def predict(self, change: dict[str, Any]) -> Scenario:
         why = self.refusal(change)
         if why is not None:
@@ -230,12 +284,19 @@ class Predictor:
         knobs = {**self.knobs, **{k: v for k, v in change.items() if k in KNOBS}}
         result = self._replay(knobs, self.scale, world, network)
         assumptions = [*self._assumptions, *notes, self.calibration]
+        if self.cfg is None and "qcomms" in change:
+            assumptions.append("the capture's embedding exchange is fp32; the quantise and "
+                               "dequantise kernels' own cost is not included")
+        samples = self.cfg.batch_size // self.base.world * world if self.cfg else None
         return Scenario(change, step_us=result.step_us, stages=result.stages,
-                        assumptions=assumptions,
-                        samples_per_step=self.cfg.batch_size // self.base.world * world)
+                        assumptions=assumptions, samples_per_step=samples)
 
     def single_knob_changes(self) -> list[dict[str, Any]]:
-        """Every single-knob change of the tuner's default space on this job."""
+        """Every single-knob change of the tuner's default space on this job (for a job that
+        is not the trainer: its wire precisions)."""
+        if self.cfg is None:
+            return ([{"qcomms": q} for q in WIRE_BYTES if q != "fp32"]
+                    if self._has_embedding_exchange() else [])
         out = []
         for name in searched_by_default():
             for value in KNOBS[name].default_choices(self.shape):
@@ -246,12 +307,19 @@ class Predictor:
     def report(self, scenarios: list[Scenario]) -> WhatIf:
         return WhatIf(
             baseline_step_us=self.target,
-            baseline_knobs={k: self.knobs[k] for k in searched_by_default()},
+            baseline_knobs={k: v for k, v in self.knobs.items()
+                            if self.cfg is None or k in searched_by_default()},
             baseline_stages=self.baseline_replay.stages,
             calibrated=self.calibrated, calibration=self.calibration, compute_scale=self.scale,
             fits=[f.describe() for f in self.base.links.values()], scenarios=scenarios,
-            samples_per_step=self.cfg.batch_size,
+            samples_per_step=self.cfg.batch_size if self.cfg else None,
         )
+
+
+#: The factors calibration may choose; one at a bound means the replay cannot reproduce the
+#: capture (a profiled op 50x its unprofiled time, or collectives 20x their fitted lines).
+CONTENTION_RANGE = (0.1, 20.0)
+SCALE_RANGE = (0.02, 50.0)
 
 
 def _solve(step_at: Callable[[float], float], target: float, lo: float, hi: float) -> float:

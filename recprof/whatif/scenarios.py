@@ -14,12 +14,22 @@ does not know is listed as an assumption.
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from recprof.trace.vocabulary import PURPOSE_STAGE
 from recprof.whatif.baseline import MICRO_BATCH_STAGES, Baseline, RankBaseline
 from recprof.whatif.costs import Network
-from recprof.whatif.replay import Collective, Compute, Post, Program, Wait
+from recprof.whatif.replay import (
+    Collective,
+    Compute,
+    Post,
+    Program,
+    RankTiming,
+    Replay,
+    Wait,
+)
 from recprof.whatif.traffic import KEY_BYTES, Traffic, wire_bytes
 
 
@@ -150,6 +160,48 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                      "collective transfers and the prefetch thread take the core the compute "
                      "needs, so nothing overlaps")
     return Plan(main, prefetch, colls, notes)
+
+
+#: What a wire-precision knob (QComms, in TorchRec and in the trainer) shrinks.
+EMBEDDING_EXCHANGE = frozenset({"pooled_embeddings_fwd", "embedding_rows_fwd",
+                                "embedding_grads_bwd"})
+
+
+def job_replay(base: Baseline, wire_factor: float, compute_scale: float, network: Network,
+               world: int) -> tuple[Replay, list[str]]:
+    """Any job's step under a wire precision and a world size, from the capture's own
+    exposure: the replay does not know this job's schedule, so it keeps what the capture
+    showed hidden as hidden capacity. Per rank and purpose, the measured transfer T (duration
+    less waits) scales by the fitted links' ratio for the new bytes and link to T'; the part
+    compute hid before, H = T - exposed, still hides, so the exposed part becomes
+    max(0, T' - H). Calibration's scale applies to the whole step: without the job's schedule
+    the profiler's slowdown of compute cannot be told from its slowdown of the collectives'
+    threads. Ranks beyond the captured ones replicate their compute and message sizes."""
+    captured = sorted(base.ranks)
+    members = tuple(range(world))
+    old_members = tuple(range(base.world))
+    ranks: dict[int, RankTiming] = {}
+    for r in range(world):
+        rb = base.ranks[captured[r % len(captured)]]
+        stages: dict[str, float] = defaultdict(float)
+        exposed_total = sum(rb.exposed_by_purpose.values())
+        stages["compute, copies and idle"] = (rb.step_us - exposed_total) * compute_scale
+        for purpose, transfer in rb.transfer_by_purpose.items():
+            kind = rb.kind_by_purpose.get(purpose, "all_to_all")
+            factor = wire_factor if purpose in EMBEDDING_EXCHANGE else 1.0
+            sizes = rb.bytes_by_purpose.get(purpose) or [0.0]
+            before = sum(network.fitted(kind, old_members, b) for b in sizes)
+            after = sum(network.transfer_us(kind, members, b * factor) for b in sizes)
+            new_transfer = transfer * (after / before if before > 0 else 1.0)
+            hidden = max(transfer - rb.exposed_by_purpose.get(purpose, 0.0), 0.0)
+            stages[PURPOSE_STAGE.get(purpose, "other")] += (
+                max(new_transfer - hidden, 0.0) * compute_scale)
+        ranks[r] = RankTiming(sum(stages.values()), dict(stages))
+    critical = max(ranks, key=lambda r: ranks[r].end_us)
+    notes = ["this job's schedule is not known to the replay: each collective's transfer "
+             "scales with the fitted links, and what the capture hid behind compute stays "
+             "hidden up to the time it hid there"]
+    return Replay(ranks[critical].end_us, ranks, critical), notes
 
 
 def _fixed_per_pass(rb: RankBaseline, compute: dict[str, float]) -> dict[str, float]:

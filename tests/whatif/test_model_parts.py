@@ -93,10 +93,15 @@ def test_network_sends_the_cross_node_share_over_the_slow_link() -> None:
     from recprof.whatif.costs import LinkFit, Network
 
     fit = LinkFit("all_to_all", 10.0, 100.0, 3, 1e3, 1e5)
-    one_node = Network({"all_to_all": fit}, ranks_per_node=2)
-    two_nodes = Network({"all_to_all": fit}, ranks_per_node=2, inter_bytes_per_us=10.0)
+    one_node = Network({"all_to_all": fit}, ranks_per_node=4, fitted_group=4)
+    two_nodes = Network({"all_to_all": fit}, ranks_per_node=2, fitted_group=4,
+                        inter_bytes_per_us=10.0)
     assert one_node.transfer_us("all_to_all", (0, 1, 2, 3), 1000.0) == pytest.approx(20.0)
     # half the peers of a 4-rank all-to-all sit on the other node: 500 B at 100, 500 B at 10
     assert two_nodes.transfer_us("all_to_all", (0, 1, 2, 3), 1000.0) == pytest.approx(65.0)
-    assert two_nodes.transfer_us("all_to_all", (0, 1), 1000.0) == pytest.approx(20.0)
+    # 2 ranks move (2-1)/2 of their message per rank, against (4-1)/4 at the fitted size
+    assert two_nodes.transfer_us("all_to_all", (0, 1), 1500.0) == pytest.approx(20.0)
     assert two_nodes.transfer_us("all_to_all", (3,), 1000.0) == 0.0  # a group of one
+    # the inter-node link never moves bytes faster than the hosts did in the capture
+    fast = Network({"all_to_all": fit}, 2, 4, inter_bytes_per_us=1e6)
+    assert fast.transfer_us("all_to_all", (0, 1, 2, 3), 1000.0) == pytest.approx(20.0)

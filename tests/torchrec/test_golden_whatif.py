@@ -1,0 +1,48 @@
+"""`recprof whatif` on TorchRec's golden DLRM (2 CPU ranks): a job the replay has no schedule
+for. It predicts what does not need one (the wire precision of the embedding exchange, scaling
+to more ranks) from the capture's own exposure, and refuses the built-in trainer's knobs with
+the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _whatif(run: Path, *tries: str, json_out: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    args = [a for t in tries for a in ("--try", t)]
+    if json_out is not None:
+        args += ["--json", str(json_out)]
+    return subprocess.run([sys.executable, "-m", "recprof", "whatif", str(run), *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_wire_precision_and_scaling_are_predicted_trainer_knobs_refused(
+        golden_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "w.json"
+    proc = _whatif(golden_run, "qcomms=fp16", "world_size=8,inter_node_gbit=100",
+                   "world_size=4", "micro_batches=2", json_out=out)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["baseline"]["calibrated"]
+    base = doc["baseline"]["step_us"]
+    fp16, scaled, unnamed, trainer = doc["scenarios"]
+    # half the bytes of the pooled embeddings and their gradients: a shorter step, by no more
+    # than the embedding exchange's exposed time
+    assert fp16["step_us"] < base and fp16["moved_stage"] == "embedding_a2a"
+    # gloo on CPU moves bytes at the hosts' rate: more ranks move more bytes per rank (bus
+    # factors), a faster inter-node link cannot make that quicker
+    assert scaled["step_us"] >= base
+    assert any("replicated" in a for a in scaled["assumptions"])
+    assert "give inter_node_gbit" in unnamed["refused"]
+    assert "micro_batches: for this torchrec job the replay predicts only" in trainer["refused"]
