@@ -1,0 +1,120 @@
+"""`recprof whatif` against real runs of the built-in trainer.
+
+The baseline is captured once (comm_bound.yaml: wide embeddings over two CPU ranks, so the
+embedding all-to-alls are a large share of the step and a wire-precision knob moves it well
+beyond run-to-run noise); fp16 is then run for real without capture. A model that ignored the
+bytes, or the codec's cost, or predicted profiled steps, would miss the sign or the 20%.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples" / "configs" / "comm_bound.yaml"
+STEPS, WARMUP = 30, 8
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+pytestmark = pytest.mark.slow
+
+
+def _trainer(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            "2", "-m", "recprof.nestpipe", "--config", str(CONFIG), "--set", f"steps={STEPS}",
+            "--set", f"warmup_steps={WARMUP}", *extra]
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("whatif") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--no-report",
+         "--wait", str(WARMUP), "--", *_trainer("--out", str(out / "trainer"))],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _measured_step_us(tmp: Path, qcomms: str) -> float:
+    out = tmp / qcomms
+    proc = subprocess.run(_trainer("--set", f"qcomms={qcomms}", "--out", str(out)),
+                          capture_output=True, text=True, timeout=600, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(r["wall_s"] for r in rows if r["step"] >= WARMUP) * 1e6
+
+
+def _whatif(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "recprof", "whatif", *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO, env=ENV)
+
+
+def test_fp16_is_predicted_with_the_measured_sign_and_within_20_percent(
+        captured: Path, tmp_path: Path) -> None:
+    doc_path = tmp_path / "w.json"
+    proc = _whatif(str(captured), "--try", "qcomms=fp16", "--json", str(doc_path))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(doc_path.read_text())
+    assert doc["schema"] == "recprof.whatif/1" and doc["baseline"]["calibrated"]
+    predicted_base = doc["baseline"]["step_us"]
+    (scenario,) = doc["scenarios"]
+    assert scenario["knobs"] == {"qcomms": "fp16"} and scenario["assumptions"]
+    predicted = scenario["step_us"]
+    fp32 = _measured_step_us(tmp_path, "fp32")
+    fp16 = _measured_step_us(tmp_path, "fp16")
+    assert (predicted < predicted_base) == (fp16 < fp32), (predicted_base, predicted, fp32, fp16)
+    assert abs(predicted - fp16) / fp16 < 0.20, (predicted, fp16)
+    assert abs(predicted_base - fp32) / fp32 < 0.20, (predicted_base, fp32)
+
+
+def test_a_knob_the_model_cannot_handle_is_refused_in_one_line(captured: Path) -> None:
+    proc = _whatif(str(captured), "--try", "fuse_tables=false", "--try", "hsp_groups=3")
+    assert proc.returncode == 0, proc.stderr
+    refused = [ln for ln in proc.stdout.splitlines() if ln.startswith("refused")]
+    assert refused == [
+        "refused fuse_tables=False: fuse_tables: the model cannot predict it (one all-to-all "
+        "per table is not in the replayed schedule)",
+        "refused hsp_groups=3: hsp_groups=3 does not divide the world size 2",
+    ]
+
+
+def test_a_capture_without_step_logs_predicts_and_says_it_could_not_calibrate(
+        captured: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(captured, copy)
+    shutil.rmtree(copy / "steps")
+    proc = _whatif(str(copy), "--try", "qcomms=fp16")
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "could not calibrate to unprofiled steps" in out
+    assert "qcomms=fp16" in out and "refused" not in out
+
+
+def test_a_trace_without_message_sizes_is_refused_in_one_line(shared_traces: Path) -> None:
+    proc = _whatif(str(shared_traces / "torchrec_pr1460" / "trace" / "sst_long_a2a_optimizer"))
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: sst_long_a2a_optimizer: its collectives carry no message "
+                           "sizes"), line
+
+
+def test_findings_quote_the_predicted_gain_of_their_knobs(captured: Path) -> None:
+    from recprof.analysis import analyze_paths
+
+    (job,) = analyze_paths([captured / "traces"]).jobs
+    quoted = [f for f in job.findings if "Predicted by recprof whatif" in f.estimate]
+    assert quoted, [f.estimate for f in job.findings]
+    for finding in quoted:
+        # each quote names one of the finding's own knobs, a value and a step in ms
+        quotes = finding.estimate.split("ms now): ", 1)[1].split("; ")
+        assert all(q.split("=", 1)[0] in finding.knobs and " ms (" in q for q in quotes), quotes
+    assert not [w for w in job.warnings if "no predicted gains" in w]
