@@ -51,6 +51,7 @@ from rich.console import Console
 
 from recprof.analysis import analyze_paths, load_analysis_json
 from recprof.analysis.command import print_summary
+from recprof.analysis.executors import InProcess
 from recprof.analysis.model import PARTITION, AnalysisResult
 from recprof.errors import RecprofError
 
@@ -108,7 +109,7 @@ class Corpus:
             files.append((rel, data, orjson.loads(data)))
         folders = [(rel, [(p.name, p.read_bytes()) for p in sorted((root / rel).iterdir())])
                    for rel in SEED_FOLDERS]
-        analysis = analyze_paths([root / SEED_FOLDERS[0]], workers=1).to_json()
+        analysis = analyze_paths([root / SEED_FOLDERS[0]], executor=InProcess()).to_json()
         return Corpus(files, folders, analysis)
 
 
@@ -611,7 +612,7 @@ def judge(case: Case, workdir: Path, render_report: bool) -> Outcome:
         result = load_result(case.paths)
         write_report(result, workdir / "report.html", cdn=True, source=str(case.paths[0]))
         return Outcome("ok", "analysis document rendered")
-    result = analyze_paths(case.paths, workers=1)
+    result = analyze_paths(case.paths, executor=InProcess())
     print_summary(result, Console(file=io.StringIO(), width=120))
     text = result.to_json()
     doc = dataclasses.asdict(result)  # before JSON, which would write inf and nan as null

@@ -21,6 +21,7 @@ import pytest
 
 from recprof.analysis import analyze_paths, load_analysis_json
 from recprof.analysis.collectives import _gbps
+from recprof.analysis.executors import InProcess
 from recprof.analysis.intervals import IntervalSet
 from recprof.analysis.model import AnalysisResult
 from recprof.errors import RecprofError
@@ -49,7 +50,7 @@ def _write(tmp_path: Path, doc: Any, name: str = "rank0.json") -> Path:
 
 
 def _analyse_clean(path: Path) -> AnalysisResult:
-    result = analyze_paths([path], workers=1)
+    result = analyze_paths([path], executor=InProcess())
     assert_sane(result)
     return result
 
@@ -140,7 +141,7 @@ def test_an_integer_beyond_float_range_is_invalid_json_naming_the_file(
     doc["traceEvents"][3]["dur"] = 10**400
     path = _write(tmp_path, doc)
     with pytest.raises(RecprofError) as err:
-        analyze_paths([path], workers=1)
+        analyze_paths([path], executor=InProcess())
     assert str(err.value).startswith(f"{path}: invalid JSON (number is infinity")
 
 
@@ -151,7 +152,7 @@ def test_a_file_whose_every_time_is_out_of_range_fails_with_one_line(
         ev["ts"] = 1e300
     path = _write(tmp_path, doc)
     with pytest.raises(RecprofError) as err:
-        analyze_paths([path], workers=1)
+        analyze_paths([path], executor=InProcess())
     assert str(err.value).startswith(f"{path}: no timed events")
     assert "out of range or not finite" in str(err.value)
 
@@ -230,7 +231,7 @@ def test_a_collective_of_subnormal_duration_with_bytes(tmp_path: Path,
 # --- recprof report on an analysis document with nulls ----------------------------------------
 
 def _analysis_doc(shared: Path, tmp_path: Path) -> dict[str, Any]:
-    return orjson.loads(analyze_paths([shared / SST], workers=1).to_json())
+    return orjson.loads(analyze_paths([shared / SST], executor=InProcess()).to_json())
 
 
 @pytest.mark.parametrize("damage,field", ids=["null step", "text compute", "null optional",
@@ -277,7 +278,7 @@ def test_recprof_report_on_a_null_field_exits_2_without_a_traceback(
 def test_every_real_analysis_still_loads(shared_traces: Path, tmp_path: Path) -> None:
     for rel in (SST, NCCL, "hta/cpu_only", "tracelens/mi300/ddp_resnet18_no_pool"):
         path = tmp_path / "a.json"
-        path.write_bytes(analyze_paths([shared_traces / rel], workers=1).to_json())
+        path.write_bytes(analyze_paths([shared_traces / rel], executor=InProcess()).to_json())
         assert load_analysis_json(path).jobs
 
 
