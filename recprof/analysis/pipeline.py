@@ -43,7 +43,6 @@ from recprof.errors import RecprofError
 from recprof.trace import build_rank_trace, read_trace
 from recprof.trace.model import TraceHeader
 from recprof.trace.reader import TraceFileError, is_trace_file
-from recprof.whatif.findings import quote_predictions
 
 # Per-peer byte matrices are kept for jobs up to this many ranks.
 MAX_PEER_MATRIX_RANKS = 64
@@ -246,7 +245,6 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
                                   MAX_PEER_MATRIX_RANKS),
             exposed_comm_us_per_step_by_kind=_exposed_by_kind(records, analyses),
         ))
-        quote_predictions(job)
         _keep_chosen_timelines(job, steps, executor)
         jobs.append(job)
     return jobs

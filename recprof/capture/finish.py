@@ -30,6 +30,7 @@ def analyze_and_report(run_dir: Path, console: Console) -> Outcome:
         return Outcome(note="no trace was captured, so there is nothing to analyze")
     try:
         from recprof.analysis import analyze_paths
+        from recprof.whatif.findings import quote_all
     except ImportError as exc:
         return Outcome(note=f"analysis skipped: recprof.analysis is not importable ({exc})")
     with console.status("analyzing the traces"):
@@ -40,6 +41,8 @@ def analyze_and_report(run_dir: Path, console: Console) -> Outcome:
                 note=f"analysis failed: {type(exc).__name__}: {exc}; "
                 f"run `recprof analyze {traces_dir}` to see why"
             )
+    with console.status("predicting the findings' knobs (recprof whatif)"):
+        quote_all(result)
     analysis = run_dir / layout.ANALYSIS
     analysis.write_bytes(result.to_json())
     try:

@@ -15,6 +15,7 @@ from recprof.analysis.model import READABLE_SCHEMAS
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
 from recprof.report.render import write_report
+from recprof.whatif.findings import quote_all
 
 #: How much of each end of a file to look at for the analysis schema tag (it is written last
 #: by `recprof analyze --json`, first by hand-written documents).
@@ -76,6 +77,7 @@ def report(
     Example: recprof report ../shared/traces/torchrec_pr1460/trace/sst_long_a2a_optimizer
     """
     result = load_result(paths, steps, scheduler, workers)
+    quote_all(result)
     err = Console(stderr=True)
     for error in result.errors:
         err.print(f"[red]skipped[/] {escape(error)}", highlight=False)

@@ -1,19 +1,31 @@
-"""Findings that quote the predicted gain of their knobs instead of an upper bound.
+"""Findings that quote the predicted gain of their knobs beside their upper bound.
 
 A finding on a built-in trainer job names the knobs that act on it. When the job's capture can
 be replayed (recprof/whatif), each of those knobs' values on the job's shape is predicted and
 the best one is quoted beside the finding's bound, so the reader sees both what could be won at
 most and what turning the knob is predicted to win. Jobs the replay cannot model keep the
 bound alone; the reason is not repeated on every finding.
+
+The report flows call it (`recprof capture`'s analysis and report, `recprof report`), not
+`recprof analyze`: a prediction imports torch and samples the job's keys, seconds and a few
+hundred MB that the analysis of thousands of ranks must not pay.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from recprof.analysis.model import JobAnalysis
+from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS
+
+
+def quote_all(result: AnalysisResult) -> None:
+    """`quote_predictions` for every job of an analysis that was made from traces now (a
+    document read back keeps the quotes it was written with)."""
+    for job in result.jobs:
+        if not any("Predicted by recprof whatif" in f.estimate for f in job.findings):
+            quote_predictions(job)
 
 
 def quote_predictions(job: JobAnalysis) -> None:

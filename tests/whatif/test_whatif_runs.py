@@ -109,8 +109,11 @@ def test_a_trace_without_message_sizes_is_refused_in_one_line(shared_traces: Pat
 
 def test_findings_quote_the_predicted_gain_of_their_knobs(captured: Path) -> None:
     from recprof.analysis import analyze_paths
+    from recprof.whatif.findings import quote_all
 
-    (job,) = analyze_paths([captured / "traces"]).jobs
+    result = analyze_paths([captured / "traces"])
+    quote_all(result)
+    (job,) = result.jobs
     quoted = [f for f in job.findings if "Predicted by recprof whatif" in f.estimate]
     assert quoted, [f.estimate for f in job.findings]
     for finding in quoted:
@@ -118,3 +121,12 @@ def test_findings_quote_the_predicted_gain_of_their_knobs(captured: Path) -> Non
         quotes = finding.estimate.split("ms now): ", 1)[1].split("; ")
         assert all(q.split("=", 1)[0] in finding.knobs and " ms (" in q for q in quotes), quotes
     assert not [w for w in job.warnings if "no predicted gains" in w]
+
+
+def test_the_report_shows_the_quotes(captured: Path, tmp_path: Path) -> None:
+    html = tmp_path / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "recprof", "report", str(captured / "traces"),
+                           "-o", str(html)], capture_output=True, text=True, timeout=600,
+                          cwd=REPO, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert "Predicted by recprof whatif (unprofiled step" in html.read_text()
