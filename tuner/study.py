@@ -280,11 +280,11 @@ class Tuner:
         candidates = [k for k in self.space.grid(self.shape)
                       if all(k.get(n) == v for n, v in fixed.items())]
         trial_dir = TrialRecord.load(baseline).trial_dir
-        self.console.print(f"predicting {len(candidates)} configs from the baseline's capture "
-                           "(recprof whatif)", highlight=False)
         try:
             if not self.capture or trial_dir is None:
                 raise RecprofError("capture is off")
+            self.console.print(f"predicting {len(candidates)} configs from the baseline's "
+                               "capture (recprof whatif)", highlight=False)
             prior = build_prior(Path(trial_dir) / "capture", candidates,
                                 int(self.base.get("batch_size", TrainConfig.batch_size)))
             record = StudyRecord(predictions=prior.predicted, prior_basis=prior.basis)
