@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from interrupts import sigint_default
 from optuna.trial import TrialState
 from tuner_helpers import load, study_created, write_yaml
 
@@ -62,7 +63,8 @@ def test_real_study_with_failure_interrupt_and_resume(tmp_path: Path) -> None:
         "--seed", "0", "--no-progress",
     ]  # fmt: skip
     settings = TuneSettings(out=out)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
+                            preexec_fn=sigint_default)
 
     def third_trial_training() -> bool:
         if not study_created(out / "study.db"):

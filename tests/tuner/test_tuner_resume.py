@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupts import sigint_default
 from optuna.trial import TrialState
 from tuner_helpers import BASE_CONFIG, FAKE_LAUNCHER, load, study_created, write_yaml
 
@@ -38,7 +39,8 @@ def test_ctrl_c_then_rerun_continues_without_losing_anything(tmp_path: Path) -> 
     out = tmp_path / "out"
     argv = _tune_argv(tmp_path, "--trials", "4", "--out", str(out), "--seed", "3")
     settings = TuneSettings(out=out)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=sigint_default)
 
     def second_trial_running() -> bool:
         if not study_created(out / "study.db"):

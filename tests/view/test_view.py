@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from interrupts import sigint_default
 
 from recprof.analysis import AnalysisResult, analyze_paths
 from recprof.analysis.model import StepMetrics
@@ -153,7 +154,7 @@ def test_recprof_view_serves_the_run_and_stops_cleanly(gloo_trace_dir: Path) -> 
         [sys.executable, "-m", "recprof", "view", str(gloo_trace_dir), "--no-browser",
          "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "COLUMNS": "100"})
+        env={**os.environ, "COLUMNS": "100"}, preexec_fn=sigint_default)
     printed: list[str] = []
     reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
     reader.start()

@@ -60,6 +60,9 @@ def _whatif(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_fp16_is_predicted_with_the_measured_sign_and_within_20_percent(
         captured: Path, tmp_path: Path) -> None:
+    """The predicted change fp32 -> fp16 against the measured one. Measured as the ratio of
+    runs made back to back, alternating (fp32, fp16, fp32, fp16), so the machine's drift since
+    the capture cancels; the predicted steps themselves must also be within 25% of the runs."""
     doc_path = tmp_path / "w.json"
     proc = _whatif(str(captured), "--try", "qcomms=fp16", "--json", str(doc_path))
     assert proc.returncode == 0, proc.stderr
@@ -69,11 +72,16 @@ def test_fp16_is_predicted_with_the_measured_sign_and_within_20_percent(
     (scenario,) = doc["scenarios"]
     assert scenario["knobs"] == {"qcomms": "fp16"} and scenario["assumptions"]
     predicted = scenario["step_us"]
-    fp32 = _measured_step_us(tmp_path, "fp32")
-    fp16 = _measured_step_us(tmp_path, "fp16")
-    assert (predicted < predicted_base) == (fp16 < fp32), (predicted_base, predicted, fp32, fp16)
-    assert abs(predicted - fp16) / fp16 < 0.20, (predicted, fp16)
-    assert abs(predicted_base - fp32) / fp32 < 0.20, (predicted_base, fp32)
+    runs: dict[str, list[float]] = {"fp32": [], "fp16": []}
+    for i in range(2):
+        for qcomms in runs:
+            runs[qcomms].append(_measured_step_us(tmp_path / str(i), qcomms))
+    fp32, fp16 = (statistics.median(runs[q]) for q in ("fp32", "fp16"))
+    seen = (predicted_base, predicted, runs)
+    assert (predicted < predicted_base) == (fp16 < fp32), seen
+    predicted_ratio, measured_ratio = predicted / predicted_base, fp16 / fp32
+    assert abs(predicted_ratio - measured_ratio) / measured_ratio < 0.20, seen
+    assert abs(predicted - fp16) / fp16 < 0.25 and abs(predicted_base - fp32) / fp32 < 0.25, seen
 
 
 def test_a_knob_the_model_cannot_handle_is_refused_in_one_line(captured: Path) -> None:
