@@ -1,9 +1,10 @@
 """`recprof whatif` against real runs of the built-in trainer.
 
-The baseline is captured once (comm_bound.yaml: wide embeddings over two CPU ranks, so the
-embedding all-to-alls are a large share of the step and a wire-precision knob moves it well
-beyond run-to-run noise); fp16 is then run for real without capture. A model that ignored the
-bytes, or the codec's cost, or predicted profiled steps, would miss the sign or the 20%.
+The baseline is captured once (comm_bound.yaml at embedding_dim 128: wide embeddings over two
+CPU ranks, so the embedding all-to-alls are most of the step and a wire-precision knob moves
+it well beyond run-to-run noise); fp16 is then run for real without capture. A model that
+ignored the bytes, or the codec's cost, or predicted profiled steps, would miss the sign or
+the 20%.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "configs" / "comm_bound.yaml"
-STEPS, WARMUP = 30, 8
+#: Steps per run; the capture records ACTIVE of them after WARMUP (more instances of every
+#: collective to fit the links on than capture's default 5), and times the rest unprofiled.
+STEPS, WARMUP, ACTIVE = 40, 8, 12
+#: Twice comm_bound's width: the embedding exchange is then most of the step, so fp16 moves it
+#: by a quarter or more, far outside what a model that ignored the bytes could pass.
+DIM = 128
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 pytestmark = pytest.mark.slow
 
@@ -30,7 +36,7 @@ pytestmark = pytest.mark.slow
 def _trainer(*extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
             "2", "-m", "recprof.nestpipe", "--config", str(CONFIG), "--set", f"steps={STEPS}",
-            "--set", f"warmup_steps={WARMUP}", *extra]
+            "--set", f"warmup_steps={WARMUP}", "--set", f"embedding_dim={DIM}", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +44,8 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("whatif") / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--no-report",
-         "--wait", str(WARMUP), "--", *_trainer("--out", str(out / "trainer"))],
+         "--wait", str(WARMUP), "--active", str(ACTIVE), "--",
+         *_trainer("--out", str(out / "trainer"))],
         capture_output=True, text=True, timeout=600, cwd=REPO, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
