@@ -117,17 +117,23 @@ def test_plugin_counts_all_reduce_but_not_all_to_all(plugin) -> None:
     assert "Distributed" not in client.get("views", run=a2a_run)
 
 
+#: The most the plugin's step may start after recprof's on a CPU run (see below).
+STEP_START_GAP_US = 500.0
+
+
 def test_cpu_gloo_steps_agree_with_the_plugin(plugin) -> None:
-    """A real 2-rank gloo job recorded now: its steps agree to 1% (the plugin's step starts
-    where the previous one's work ended, ~0.1 ms later), and its gloo Communication is the
-    all_reduce part of recprof's, never more."""
+    """A real 2-rank gloo job recorded now: its steps agree to 1%, or to the host's gap at the
+    step's start where that is more (the plugin's step starts where the previous one's work
+    ended: 0.1-0.2 ms later on a loaded host, a live job's timing), and its gloo Communication
+    is the all_reduce part of recprof's, never more."""
     client, results = plugin
     run, result = _run(results, "gloo")
     rows = _compared_steps(client, run, result)
     assert len(rows) == 8  # 2 ranks x 4 steps
     for rank, step, (comp, overlap, comm, other) in rows:
         where = f"rank {rank} step {step.number}"
-        assert comp + overlap + comm + other == pytest.approx(step.step, rel=0.01), where
+        assert comp + overlap + comm + other == pytest.approx(
+            step.step, rel=0.01, abs=STEP_START_GAP_US), where
         assert 0 < overlap + comm <= step.comm, where
 
 
