@@ -39,7 +39,8 @@ def test_wire_precision_and_scaling_are_predicted_trainer_knobs_refused(
     fp16, scaled, unnamed, trainer = doc["scenarios"]
     # half the bytes of the pooled embeddings and their gradients: a shorter step, by no more
     # than the embedding exchange's exposed time
-    assert fp16["step_us"] < base and fp16["moved_stage"] == "embedding_a2a"
+    assert fp16["step_us"] < base
+    assert fp16["moved_stage"] in ("embedding_a2a", "embedding_grad_a2a")  # both halve
     # gloo on CPU moves bytes at the hosts' rate: more ranks move more bytes per rank (bus
     # factors), a faster inter-node link cannot make that quicker
     assert scaled["step_us"] >= base
