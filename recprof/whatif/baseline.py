@@ -69,7 +69,7 @@ class Baseline:
         return max(hosts.values())
 
 
-def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
+def measure(job: JobAnalysis) -> Baseline:
     """The baseline of one analysed job."""
     steps = max(len(job.steps_analysed), 1)
     comm_by_rank_stage: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -96,7 +96,7 @@ def measure(job: JobAnalysis, with_ops: bool = True) -> Baseline:
             transfer_by_purpose=dict(transfer[r.rank]),
             exposed_by_purpose=_exposed_by_purpose(r, steps),
         )
-        if with_ops and Path(r.file).is_file():
+        if Path(r.file).is_file():
             ranks[r.rank].ops_per_step, ranks[r.rank].op_floor_us = _op_counts(Path(r.file))
     config, note = trainer_config(job)
     run = job.run
@@ -171,15 +171,6 @@ def trainer_config(job: JobAnalysis) -> tuple[object | None, str]:
         return load_config(config, overrides), ""
     except (RecprofError, OSError) as exc:  # the trainer's knobs are then refused, saying why
         return None, f"cannot read the trainer's config ({shlex.join(argv)}): {exc}"
-
-
-def transfer_share(baseline: Baseline) -> float:
-    """How much of the measured step was collective transfer on the slowest rank (us)."""
-    per_rank: dict[int, float] = defaultdict(float)
-    steps = max(len(baseline.job.steps_analysed), 1)
-    for s in baseline.job.collective_samples:
-        per_rank[s.rank] += transfer_us(s) / steps
-    return max(per_rank.values(), default=0.0)
 
 
 def host_cores() -> int:
