@@ -14,11 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from recprof import terminal, units
 from recprof.analysis.executors import DASK_INSTALL_HINT, open_executor
+from recprof.analysis.frameworks import framework_line
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.pipeline import analyze_paths
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
-from recprof.report.view import framework_line
 
 #: `--scheduler` and `--workers`, shared by `recprof analyze` and `recprof report`.
 SchedulerOption = Annotated[str | None, typer.Option(
@@ -134,7 +134,8 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
     steps = (f"steps {job.steps_analysed[0]}-{job.steps_analysed[-1]}" if job.steps_analysed
              else "no ProfilerStep annotations")
     console.print(f"[bold]job {escape(job.id)}[/]: {escape(shape)}, {steps}", highlight=False)
-    console.print(f"  {escape(framework_line(job))}", highlight=False)
+    console.print(f"  {escape(framework_line(job.framework, job.framework_evidence))}",
+                  highlight=False)
     if job.run is not None and job.run.window_warning:
         console.print(f"  [yellow]window:[/] {escape(job.run.window_warning)}", highlight=False)
     _print_breakdown(job, console)

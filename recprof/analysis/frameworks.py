@@ -40,6 +40,12 @@ DISPLAY_NAMES = {
 }
 
 
+def framework_line(framework: str, evidence: list[str]) -> str:
+    """`Framework: TorchRec (from 230 TorchRec ... labels; 10 DistributedDataParallel...)`,
+    as the terminal and the report both print it."""
+    return f"Framework: {DISPLAY_NAMES.get(framework, framework)} (from {'; '.join(evidence)})"
+
+
 def detect(marks: Iterable[dict[str, int]]) -> tuple[str, list[str]]:
     """(framework, evidence) from the ranks' signature counts; `unknown` when none shows."""
     total: Counter[str] = Counter()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recprof import units
-from recprof.analysis.frameworks import DISPLAY_NAMES
+from recprof.analysis.frameworks import framework_line
 from recprof.analysis.model import CollectiveStats, JobAnalysis, StageTime, StepMetrics
 from recprof.report import figures
 from recprof.report.sections import (
@@ -82,17 +82,12 @@ def _ms_cell(us: float, of: float | None = None) -> Cell:
 # --- sections --------------------------------------------------------------------------------
 
 
-def framework_line(job: JobAnalysis) -> str:
-    """`Framework: TorchRec (from 230 TorchRec ... labels; 10 DistributedDataParallel...)`."""
-    return (f"Framework: {DISPLAY_NAMES.get(job.framework, job.framework)} (from "
-            + "; ".join(job.framework_evidence) + ")")
-
-
 def _verdict(job: JobAnalysis, anchor: str) -> Section:
     warnings = list(dict.fromkeys([*job.warnings, *(w for r in job.ranks for w in r.warnings)]))
     blocks: list = [Paragraph(job.verdict, css=f"verdict {'ok' if not job.findings else 'bad'}"),
                     Paragraph(job_shape(job), css="shape"),
-                    Paragraph(framework_line(job), css="shape")]
+                    Paragraph(framework_line(job.framework, job.framework_evidence),
+                              css="shape")]
     if job.run is not None and job.run.window_warning:
         blocks.append(Paragraph(f"Recorded window: {job.run.window_warning}.",
                                 css="warnings"))
