@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from interrupts import sigint_default
 
 from recprof.analysis import AnalysisResult, analyze_paths
 from recprof.analysis.model import StepMetrics
+from recprof.trace import load_rank_trace
 from recprof.view.logdir import lay_out
 from recprof.view.plugin import PluginClient, TensorBoard, free_port
 
@@ -117,23 +119,34 @@ def test_plugin_counts_all_reduce_but_not_all_to_all(plugin) -> None:
     assert "Distributed" not in client.get("views", run=a2a_run)
 
 
-#: The most the plugin's step may start after recprof's on a CPU run (see below).
-STEP_START_GAP_US = 500.0
+def _profiler_step_gaps(folder: Path) -> dict[tuple[int | None, int], float]:
+    """(rank, step) -> the time from the end of its `ProfilerStep#N` annotation to the start of
+    the next one's, read from the rank's trace."""
+    gaps = {}
+    for path in folder.glob("*.json"):
+        trace = load_rank_trace(path)
+        for step, following in pairwise(trace.steps):
+            gaps[trace.header.rank, step.number] = following.start_us - step.end_us
+    return gaps
 
 
-def test_cpu_gloo_steps_agree_with_the_plugin(plugin) -> None:
-    """A real 2-rank gloo job recorded now: its steps agree to 1%, or to the host's gap at the
-    step's start where that is more (the plugin's step starts where the previous one's work
-    ended: 0.1-0.2 ms later on a loaded host, a live job's timing), and its gloo Communication
-    is the all_reduce part of recprof's, never more."""
+def test_cpu_gloo_steps_agree_with_the_plugin(plugin, gloo_trace_dir: Path) -> None:
+    """A real 2-rank gloo job recorded now. On a CPU-only trace the plugin's step is the
+    `ProfilerStep#N` annotation itself; recprof's runs on to the next step's start, so the two
+    differ by the gap between the annotations: the profiler's own bookkeeping in
+    `prof.step()`, 0.07-0.1 ms here and as long as the host takes to reschedule the rank under
+    load (a live job's timing, read from its trace, not bounded). Its gloo Communication is the
+    all_reduce part of recprof's, never more."""
     client, results = plugin
     run, result = _run(results, "gloo")
     rows = _compared_steps(client, run, result)
     assert len(rows) == 8  # 2 ranks x 4 steps
+    gaps = _profiler_step_gaps(gloo_trace_dir)
     for rank, step, (comp, overlap, comm, other) in rows:
         where = f"rank {rank} step {step.number}"
-        assert comp + overlap + comm + other == pytest.approx(
-            step.step, rel=0.01, abs=STEP_START_GAP_US), where
+        gap = gaps[rank, step.number]
+        assert gap >= 0, where
+        assert comp + overlap + comm + other == pytest.approx(step.step - gap, abs=1.0), where
         assert 0 < overlap + comm <= step.comm, where
 
 
