@@ -28,7 +28,7 @@ from recprof.trace.model import (
     Step,
     TraceHeader,
 )
-from recprof.trace.reader import RawTrace, TraceFileError
+from recprof.trace.reader import CheckedEvent, RawTrace, TraceEvent, TraceFileError
 from recprof.trace.vocabulary import (
     COLLECTIVE_KINDS,
     PURPOSES,
@@ -256,6 +256,50 @@ def _no_collection() -> Iterator[None]:
             gc.enable()
 
 
+_Fields = tuple[float, float, str, str, Any, Any]  # ts, dur, cat, name, pid, tid
+
+
+def _loose_fields(raw: RawTrace, ev: CheckedEvent | TraceEvent, ids: dict[int, int],
+                  skipped: Counter[str]) -> _Fields | None:
+    """A complete event's fields when any is outside `CheckedEvent`'s checks (or missing),
+    each read through sanitize as orjson read it; None, counted in `skipped`, when the event
+    cannot be used."""
+    max_time, max_dur = sanitize.MAX_ABS_TIME_US, sanitize.MAX_DURATION_US
+    raw_ts, raw_dur = ev.ts, ev.dur
+    kind = type(raw_ts)  # floats in new traces, integers in older ones
+    ts = (raw_ts if kind is float and -max_time <= raw_ts <= max_time
+          else float(raw_ts) if kind is int and -max_time <= raw_ts <= max_time
+          else sanitize.time_us(raw.scalar(raw_ts), max_time))
+    kind = type(raw_dur)
+    dur = (raw_dur if kind is float and -max_dur <= raw_dur <= max_dur
+           else float(raw_dur) if kind is int and -max_dur <= raw_dur <= max_dur
+           else sanitize.time_us(raw.scalar(raw_dur), max_dur))
+    if ts is None or dur is None:
+        timed = (isinstance(raw_ts, (int, float)) and isinstance(raw_dur, (int, float))
+                 and not isinstance(raw_ts, bool) and not isinstance(raw_dur, bool))
+        skipped["out_of_range" if timed else "missing_time"] += 1
+        return None
+    if dur < 0:
+        skipped["negative"] += 1
+        return None
+    cat, name, pid, tid = ev.cat, ev.name, ev.pid, ev.tid
+    cat = cat if type(cat) is str and cat else sanitize.text(raw.scalar(cat) or None)
+    name = (name if type(name) is str and 0 < len(name) <= sanitize.MAX_NAME_CHARS
+            else sanitize.text(raw.scalar(name) or None))
+    if type(pid) is int and -_MAX_ID <= pid <= _MAX_ID:
+        pid = ids.setdefault(pid, pid)
+    else:
+        pid = sanitize.identity(raw.scalar(pid))
+    if type(tid) is int and -_MAX_ID <= tid <= _MAX_ID:
+        tid = ids.setdefault(tid, tid)
+    else:
+        tid = sanitize.identity(raw.scalar(tid))
+    if cat is None or name is None or pid is False or tid is False:
+        skipped["unreadable"] += 1
+        return None
+    return ts, dur, cat, name, pid, tid
+
+
 def _build(raw: RawTrace) -> RankTrace:
     """`build_rank_trace`: one pass over the events sorts them into steps, launches, host ops
     and device events, each field checked; then the columns."""
@@ -275,45 +319,19 @@ def _build(raw: RawTrace) -> RankTrace:
     categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
     host_names: dict[str, tuple[str, str]] = {}  # name -> the one copy kept, `_host_role`
     ids: dict[int, int] = {}  # integer pids and tids only (1.0 and True would alias 1)
-    max_time, max_dur = sanitize.MAX_ABS_TIME_US, sanitize.MAX_DURATION_US
 
     for ev in raw.consume():
         if ev.ph != "X":
             continue
-        # Each field takes the common case (a float time, text, an int id) inline; anything
-        # else goes through sanitize as orjson read it, as when the events were generic dicts.
-        raw_ts, raw_dur = ev.ts, ev.dur
-        kind = type(raw_ts)  # floats in new traces, integers in older ones
-        ts = (raw_ts if kind is float and -max_time <= raw_ts <= max_time
-              else float(raw_ts) if kind is int and -max_time <= raw_ts <= max_time
-              else sanitize.time_us(raw.scalar(raw_ts), max_time))
-        kind = type(raw_dur)
-        dur = (raw_dur if kind is float and -max_dur <= raw_dur <= max_dur
-               else float(raw_dur) if kind is int and -max_dur <= raw_dur <= max_dur
-               else sanitize.time_us(raw.scalar(raw_dur), max_dur))
-        if ts is None or dur is None:
-            timed = (isinstance(raw_ts, (int, float)) and isinstance(raw_dur, (int, float))
-                     and not isinstance(raw_ts, bool) and not isinstance(raw_dur, bool))
-            skipped["out_of_range" if timed else "missing_time"] += 1
-            continue
-        if dur < 0:
-            skipped["negative"] += 1
-            continue
-        cat, name, pid, tid = ev.cat, ev.name, ev.pid, ev.tid
-        cat = cat if type(cat) is str and cat else sanitize.text(raw.scalar(cat) or None)
-        name = (name if type(name) is str and 0 < len(name) <= sanitize.MAX_NAME_CHARS
-                else sanitize.text(raw.scalar(name) or None))
-        if type(pid) is int and -_MAX_ID <= pid <= _MAX_ID:
+        ts, dur, cat, name, pid, tid = ev.ts, ev.dur, ev.cat, ev.name, ev.pid, ev.tid
+        if type(ev) is CheckedEvent and None not in (ts, dur, cat, name, pid, tid):
             pid = ids.setdefault(pid, pid)  # one object per process id, not one per event
-        else:
-            pid = sanitize.identity(raw.scalar(pid))
-        if type(tid) is int and -_MAX_ID <= tid <= _MAX_ID:
             tid = ids.setdefault(tid, tid)
         else:
-            tid = sanitize.identity(raw.scalar(tid))
-        if cat is None or name is None or pid is False or tid is False:
-            skipped["unreadable"] += 1
-            continue
+            fields = _loose_fields(raw, ev, ids, skipped)
+            if fields is None:
+                continue
+            ts, dur, cat, name, pid, tid = fields
         if ts < first_ts:
             first_ts = ts
         known = categories.get(cat)
@@ -348,8 +366,7 @@ def _build(raw: RawTrace) -> RankTrace:
             device_events.append((ts, end, cat, name, pid, tid,
                                   sanitize.event_args(raw.args(ev))))
         elif cat_role is _RUNTIME:
-            args = raw.args(ev)
-            corr = sanitize.count(args.get("correlation")) if isinstance(args, dict) else None
+            corr = sanitize.count(raw.correlation(ev))
             if corr is not None:
                 launches[corr] = (ts, pid, tid)
 

@@ -24,13 +24,15 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import orjson
+from msgspec import Meta
 from zlib_ng import gzip_ng, zlib_ng
 
 from recprof.errors import RecprofError
+from recprof.trace import sanitize
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 #: The most a `.gz` trace may decompress to: a gzip bomb (a few MB of zeros that inflate to
@@ -53,6 +55,10 @@ class TraceFileError(RecprofError):
         self.problem = problem
 
 
+_Time = Annotated[float, Meta(ge=-sanitize.MAX_ABS_TIME_US, le=sanitize.MAX_ABS_TIME_US)]
+_Id = Annotated[int, Meta(ge=-sanitize.MAX_COUNT, le=sanitize.MAX_COUNT)]
+
+
 class TraceEvent(msgspec.Struct, gc=False):
     """An event object of `traceEvents`, with the fields the trace model reads. Each may hold
     any JSON value (sanitize.py decides what is usable); `args` is the raw JSON of the event's
@@ -69,8 +75,33 @@ class TraceEvent(msgspec.Struct, gc=False):
     args: msgspec.Raw = msgspec.Raw()
 
 
+class CheckedEvent(msgspec.Struct, gc=False):
+    """An event whose fields msgspec checked while decoding, as build.py would check them one
+    by one: times finite numbers within sanitize's bounds (`dur` not negative), `name` and
+    `cat` non-empty text (`name` at most MAX_NAME_CHARS), ids integers within MAX_COUNT.
+    Nearly every event of a real trace is one; any field outside these (a string time, a
+    float pid, a boolean) makes the event a `TraceEvent`, read field by field through
+    sanitize. None stands for a missing field or a JSON null."""
+
+    ph: Any = None
+    name: Annotated[str, Meta(min_length=1, max_length=sanitize.MAX_NAME_CHARS)] | None = None
+    cat: Annotated[str, Meta(min_length=1)] | None = None
+    ts: _Time | None = None
+    dur: Annotated[float, Meta(ge=0, le=sanitize.MAX_DURATION_US)] | None = None
+    pid: _Id | None = None
+    tid: _Id | None = None
+    args: msgspec.Raw = msgspec.Raw()
+
+
+class _Correlation(msgspec.Struct):
+    """The one argument of a runtime call that is read."""
+
+    correlation: Any = None
+
+
 #: An element of `traceEvents`: an event object, or any other JSON value (skipped by build).
 _Element = TraceEvent | list[Any] | str | int | float | bool | None
+_CheckedElement = CheckedEvent | list[Any] | str | int | float | bool | None
 #: `traceEvents` as found: a list of raw elements or anything else (refused below).
 _Events = list[msgspec.Raw] | dict[str, Any] | str | int | float | bool | None
 
@@ -89,6 +120,8 @@ class _Document(msgspec.Struct):
 
 _DOCUMENT = msgspec.json.Decoder(_Document | list[msgspec.Raw] | str | int | float | bool | None)
 _ELEMENT = msgspec.json.Decoder(_Element)
+_CHECKED_ELEMENT = msgspec.json.Decoder(_CheckedElement)
+_CORRELATION = msgspec.json.Decoder(_Correlation)
 _ANY = msgspec.json.Decoder()
 _META_KEYS = tuple(k for k in _Document.__struct_fields__ if k != "traceEvents")
 _JSON_ERRORS = (msgspec.DecodeError, RecursionError, UnicodeDecodeError)
@@ -108,17 +141,18 @@ class RawTrace:
     meta: dict[str, Any] = field(default_factory=dict)
     data: bytes | bytearray | None = None
 
-    def consume(self) -> Iterator[TraceEvent]:
-        """Every event object (other elements are skipped), decoded one at a time. One pass:
-        the raw events and the file's text are released as it ends."""
+    def consume(self) -> Iterator[CheckedEvent | TraceEvent]:
+        """Every event object (other elements are skipped), decoded one at a time, checked
+        where it fits `CheckedEvent`, else loosely. One pass: the raw events and the file's
+        text are released as it ends."""
         events, self.events = self.events, []
-        decode = _ELEMENT.decode
+        decode = _CHECKED_ELEMENT.decode
         for element in events:
             try:
                 event = decode(element)
-            except _JSON_ERRORS:
-                event = self._decode(_ELEMENT, element)  # deeper stack, or the file fails
-            if type(event) is TraceEvent:
+            except _JSON_ERRORS:  # a field outside the checks, a deeper stack, or bad JSON
+                event = self._decode(_ELEMENT, element)
+            if type(event) is CheckedEvent or type(event) is TraceEvent:
                 yield event
         del events
         self.data = None
@@ -135,9 +169,21 @@ class RawTrace:
             problem = _json_problem(self.data, exc) if self.data is not None else str(exc)
             raise TraceFileError(self.path, f"invalid JSON ({problem})") from None
 
-    def args(self, event: TraceEvent) -> Any:
+    def args(self, event: CheckedEvent | TraceEvent) -> Any:
         """The event's arguments as JSON values; None where it has none."""
         return self._decode(_ANY, event.args) if event.args else None
+
+    def correlation(self, event: CheckedEvent | TraceEvent) -> Any:
+        """The event's `correlation` argument, None where its arguments are not an object or
+        lack it; the other arguments are skipped, not built."""
+        if not event.args:
+            return None
+        try:
+            return _CORRELATION.decode(event.args).correlation
+        except msgspec.ValidationError:  # not an object: nothing to read
+            return None
+        except _JSON_ERRORS:  # a deeper stack, or the file fails
+            return self._decode(_CORRELATION, event.args).correlation
 
     def _decode(self, decoder: msgspec.json.Decoder, raw: msgspec.Raw) -> Any:
         """`raw` decoded; a value orjson refused fails the file as it did. The document's

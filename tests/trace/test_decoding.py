@@ -94,6 +94,28 @@ def test_a_collective_calls_arguments_are_decoded_and_checked(tmp_path: Path) ->
     assert err.value.problem == f"invalid JSON ({_orjson_words(data)})"
 
 
+@pytest.mark.parametrize(("odd", "checked", "read_as"), [
+    ({"ts": 9, "dur": 2}, True, (9.0, 11.0)),  # integer times (2021 traces), as floats
+    ({"pid": 1.0}, False, (9.0, 10.0)),  # a float id equals the int one: the same thread
+    ({"name": ""}, False, (9.0, 10.0)),  # an empty name reads as ''
+    ({"name": None}, True, (9.0, 10.0)),  # so does a null one
+    ({"ts": "9"}, False, None),  # a string time: skipped
+    ({"dur": -1.0}, False, None),  # a negative duration: skipped
+    ({"pid": 2**60}, False, None),  # an id beyond MAX_COUNT: unbelievable, skipped
+])
+def test_events_outside_the_checked_form_are_read_loosely_as_before(
+        tmp_path: Path, odd: dict[str, Any], checked: bool,
+        read_as: tuple[float, float] | None) -> None:
+    """msgspec checks the common form while decoding (`CheckedEvent`); anything else goes
+    field by field through sanitize, and reads as it always did."""
+    path = _write(tmp_path, orjson.dumps(_trace({**OP, "ts": 9.0, "dur": 1.0, **odd})))
+    ops = load_rank_trace(path).main_thread_ops
+    spans = [(float(a), float(b)) for a, b in zip(ops.start, ops.end, strict=True)]
+    assert spans == [(1.0, 3.0), (5.0, 7.0)] + ([read_as] if read_as else [])
+    kinds = [type(e).__name__ for e in read_trace(path).consume()]
+    assert kinds == ["CheckedEvent"] * 2 + ["CheckedEvent" if checked else "TraceEvent"]
+
+
 def test_reading_the_events_releases_the_file_text(tmp_path: Path) -> None:
     raw = read_trace(_write(tmp_path, orjson.dumps(_trace())))
     assert raw.data is not None
