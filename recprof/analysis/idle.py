@@ -44,26 +44,48 @@ def _covered(spans: HostSpans, start: float, end: float) -> tuple[float, int]:
     return IntervalSet.of(lo[touching], hi[touching]).total(), best
 
 
+def _touching(spans: HostSpans, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which of the gaps [starts, ends) some span overlaps by a positive length: exactly the
+    gaps `_covered` finds a span for, by comparisons alone (the union of the spans meets a
+    gap exactly where one of them does), so most gaps, touched by none, skip the scan."""
+    union = IntervalSet.of(spans.start, spans.end)
+    if not len(union):
+        return np.zeros(len(starts), dtype=bool)
+    k = np.searchsorted(union.ends, starts, side="right")  # first union interval ending later
+    return (k < len(union)) & (union.starts[np.minimum(k, len(union) - 1)] < ends)
+
+
 class _GapExplainer:
-    def __init__(self, trace: RankTrace) -> None:
+    """Causes for a set of gaps: what every gap needs from the trace is looked up for all of
+    them at once, and only the gaps a host span touches scan the spans."""
+
+    def __init__(self, trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> None:
         self.trace = trace
         self.acts = trace.activities
         self.cpu_run = trace.header.device_kind == DeviceKind.CPU
+        self.starts, self.ends = starts.tolist(), ends.tolist()
+        self.loading = _touching(trace.data_loading, starts, ends).tolist()
+        self.waiting = _touching(trace.comm_waits, starts, ends).tolist()
+        self.following = (np.searchsorted(self.acts.start, ends - 1e-9, side="left").tolist()
+                          if not self.cpu_run else [])
 
-    def explain(self, start: float, end: float) -> tuple[str, str]:
+    def explain(self, gap: int) -> tuple[str, str]:
+        start, end = self.starts[gap], self.ends[gap]
         length = end - start
         names = self.trace.names
         # idx < 0: no span overlaps. The test is needed beside the fraction: half of a
         # subnormal gap (damaged times) underflows to 0, which "no coverage" would meet.
-        covered, idx = _covered(self.trace.data_loading, start, end)
-        if idx >= 0 and covered >= COVER_FRACTION * length:
-            return DATA_LOADING, names[self.trace.data_loading.name[idx]]
-        covered, idx = _covered(self.trace.comm_waits, start, end)
-        if idx >= 0 and covered >= COVER_FRACTION * length:
-            return COLLECTIVE_WAIT, names[self.trace.comm_waits.name[idx]]
+        if self.loading[gap]:
+            covered, idx = _covered(self.trace.data_loading, start, end)
+            if idx >= 0 and covered >= COVER_FRACTION * length:
+                return DATA_LOADING, names[self.trace.data_loading.name[idx]]
+        if self.waiting[gap]:
+            covered, idx = _covered(self.trace.comm_waits, start, end)
+            if idx >= 0 and covered >= COVER_FRACTION * length:
+                return COLLECTIVE_WAIT, names[self.trace.comm_waits.name[idx]]
         if self.cpu_run:
             return self._explain_cpu(start, end)
-        nxt = int(np.searchsorted(self.acts.start, end - 1e-9, side="left"))
+        nxt = self.following[gap]
         if nxt >= len(self.acts):
             return UNATTRIBUTED, "no device work follows"
         klass = int(self.acts.klass[nxt])
@@ -91,7 +113,6 @@ class _GapExplainer:
 
 def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> IdleGapSummary:
     """Every idle gap inside the analysed windows, summarised; the largest kept with causes."""
-    explainer = _GapExplainer(trace)
     starts: list[np.ndarray] = []
     ends: list[np.ndarray] = []
     owners: list[np.ndarray] = []
@@ -111,10 +132,12 @@ def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> I
     # Causes for every gap would cost a host scan each; explain the gaps that make up most of
     # the idle time (all of them up to a cap), and book the small remainder as unexplained.
     budget = 2000
+    explained = order[:budget]
+    explainer = _GapExplainer(trace, gap_start[explained], gap_end[explained])
     for rank_in_size, g in enumerate(order):
         dur = float(durations[g])
         if rank_in_size < budget:
-            cause, detail = explainer.explain(float(gap_start[g]), float(gap_end[g]))
+            cause, detail = explainer.explain(rank_in_size)
         else:
             cause, detail = UNATTRIBUTED, ""
         by_cause[cause] = by_cause.get(cause, 0.0) + dur

@@ -363,6 +363,8 @@ def test_a_subnormal_idle_gap_is_not_explained_by_a_span_that_misses_it(
     assert len(trace.data_loading.start) == 0 and len(trace.comm_waits.start) > 0
     # Half of a subnormal length underflows to 0, which "nothing covers it" (0 µs) met: the
     # empty data-loading spans were then indexed at -1.
-    for start in (-1e15, 0.0):  # before every span; at the origin
-        cause, _ = _GapExplainer(trace).explain(start, start + 5e-324)
+    starts = np.array([-1e15, 0.0])  # before every span; at the origin
+    explainer = _GapExplainer(trace, starts, starts + 5e-324)
+    for gap in range(len(starts)):
+        cause, _ = explainer.explain(gap)
         assert cause not in (DATA_LOADING, COLLECTIVE_WAIT)
