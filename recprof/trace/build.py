@@ -259,7 +259,7 @@ def _no_collection() -> Iterator[None]:
 _Fields = tuple[float, float, str, str, Any, Any]  # ts, dur, cat, name, pid, tid
 
 
-def _loose_fields(raw: RawTrace, ev: CheckedEvent | TraceEvent, ids: dict[int, int],
+def _loose_fields(raw: RawTrace, ev: CheckedEvent | TraceEvent, ids: dict[int | str, int | str],
                   skipped: Counter[str]) -> _Fields | None:
     """A complete event's fields when any is outside `CheckedEvent`'s checks (or missing),
     each read through sanitize as orjson read it; None, counted in `skipped`, when the event
@@ -318,7 +318,7 @@ def _build(raw: RawTrace) -> RankTrace:
     first_ts = float("inf")
     categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
     host_names: dict[str, tuple[str, str]] = {}  # name -> the one copy kept, `_host_role`
-    ids: dict[int, int] = {}  # integer pids and tids only (1.0 and True would alias 1)
+    ids: dict[int | str, int | str] = {}  # checked ids only (1.0 and True would alias 1)
 
     for ev in raw.consume():
         if ev.ph != "X":

@@ -57,6 +57,7 @@ class TraceFileError(RecprofError):
 
 _Time = Annotated[float, Meta(ge=-sanitize.MAX_ABS_TIME_US, le=sanitize.MAX_ABS_TIME_US)]
 _Id = Annotated[int, Meta(ge=-sanitize.MAX_COUNT, le=sanitize.MAX_COUNT)]
+_Text = Annotated[str, Meta(max_length=sanitize.MAX_NAME_CHARS)]
 
 
 class TraceEvent(msgspec.Struct, gc=False):
@@ -78,18 +79,19 @@ class TraceEvent(msgspec.Struct, gc=False):
 class CheckedEvent(msgspec.Struct, gc=False):
     """An event whose fields msgspec checked while decoding, as build.py would check them one
     by one: times finite numbers within sanitize's bounds (`dur` not negative), `name` and
-    `cat` non-empty text (`name` at most MAX_NAME_CHARS), ids integers within MAX_COUNT.
+    `cat` non-empty text (`name` at most MAX_NAME_CHARS), ids integers within MAX_COUNT or
+    text of at most MAX_NAME_CHARS (Kineto's `"pid": "Spans"`).
     Nearly every event of a real trace is one; any field outside these (a string time, a
     float pid, a boolean) makes the event a `TraceEvent`, read field by field through
     sanitize. None stands for a missing field or a JSON null."""
 
     ph: Any = None
-    name: Annotated[str, Meta(min_length=1, max_length=sanitize.MAX_NAME_CHARS)] | None = None
+    name: Annotated[_Text, Meta(min_length=1)] | None = None
     cat: Annotated[str, Meta(min_length=1)] | None = None
     ts: _Time | None = None
     dur: Annotated[float, Meta(ge=0, le=sanitize.MAX_DURATION_US)] | None = None
-    pid: _Id | None = None
-    tid: _Id | None = None
+    pid: _Id | _Text | None = None
+    tid: _Id | _Text | None = None
     args: msgspec.Raw = msgspec.Raw()
 
 
