@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from recprof.capture import layout, torchrun_record
 from recprof.capture.launcher import JobResult
 from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule
 from recprof.capture.window_check import check_window
+from recprof.trace.reader import TraceFileError, read_trace
 
 SCHEMA = "recprof.capture.manifest/1"
 
@@ -290,13 +289,12 @@ def _count_lines(path: Path) -> int:
 
 
 def _count_events(path: Path) -> int | None:
-    """Number of trace events, or None when the file cannot be read as a trace."""
+    """Number of trace events, or None when the file cannot be read as a trace. Read as the
+    analysis reads it (events left raw): a 60 MB rank costs ~70 MB here, not orjson's 520."""
     try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+        return len(read_trace(path).events)
+    except TraceFileError:
         return None
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    return len(events)
 
 
 def _ranges(values: list[int]) -> str:
