@@ -13,6 +13,11 @@ process tree, sampled every 20 ms (both tools fork worker pools, so this is the 
 machine must have), and the largest single process, exact, from wait4(). Wall time is the
 minimum over --repeat runs, because other jobs on a shared machine only ever add time.
 
+The "warm" columns time the same work inside each tool's child once its imports are done
+(interpreter start and imports are ~0.3 s for recprof and ~0.6 s for HTA's pandas stack, most
+of a small set's cold wall): what a notebook or a long-lived service pays per analysis. The
+goal is judged on the cold wall.
+
 HTA does `TraceAnalysis(trace_files={rank: file})` then `get_comm_comp_overlap()` and
 `get_temporal_breakdown()` (what the cross-check test compares); recprof does
 `recprof analyze PATHS` (every step, idle gaps, collectives, skew, terminal summary).
@@ -173,8 +178,9 @@ def trace_files(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")))
 
 
-def hta_child(files: list[str]) -> None:
-    """Runs under --hta-python: only the standard library and `hta` are importable there."""
+def hta_child(files: list[str], warm: bool = False) -> None:
+    """Runs under --hta-python: only the standard library and `hta` are importable there.
+    `warm`: print the seconds of the analysis alone, imports done (see `warm_seconds`)."""
     import gzip
     import logging
     import warnings
@@ -184,6 +190,7 @@ def hta_child(files: list[str]) -> None:
     from hta.trace_analysis import TraceAnalysis
 
     hta_logger.setLevel(logging.ERROR)
+    start = time.perf_counter()
     ranks: dict[int, str] = {0: files[0]}
     if len(files) > 1:  # a multi-rank set: HTA needs each file's rank
         ranks = {}
@@ -194,6 +201,35 @@ def hta_child(files: list[str]) -> None:
     analysis = TraceAnalysis(trace_files=ranks)
     analysis.get_comm_comp_overlap(visualize=False)
     analysis.get_temporal_breakdown(visualize=False)
+    if warm:
+        print(time.perf_counter() - start)
+
+
+def recprof_warm_child(path: str) -> None:
+    """What `recprof analyze PATH` does (the analysis and its terminal summary), timed after
+    the imports; prints the seconds."""
+    from rich.console import Console
+
+    from recprof.analysis.command import print_summary
+    from recprof.analysis.pipeline import analyze_paths
+
+    start = time.perf_counter()
+    with open(os.devnull, "w") as null:
+        print_summary(analyze_paths([Path(path)]), Console(file=null))
+    print(time.perf_counter() - start)
+
+
+def warm_seconds(cmd: list[str], repeat: int) -> float | None:
+    """The least of `repeat` runs of a child that prints its own analysis time: what each
+    tool takes once its interpreter has started and its imports are done (recprof's are
+    ~0.3 s, HTA's pandas stack ~0.6 s), the cost a long-lived service or notebook pays."""
+    times = []
+    for _ in range(repeat):
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            return None
+        times.append(float(proc.stdout.split()[-1]))
+    return min(times)
 
 
 def _write_rank(job: tuple[bytes, int, int, Path, bool]) -> int:
@@ -239,11 +275,13 @@ def compare(traces: Path, repeat: int, hta_python: str) -> None:
           "tree = whole process tree sampled, proc = largest single process)")
     header = (f"{'set':48} {'ranks':>5} {'MB':>5} | {'recprof wall/cpu s':>18} "
               f"{'HTA wall/cpu s':>15} {'ratio':>11} | {'recprof tree/proc MB':>20} "
-              f"{'HTA tree/proc MB':>16} {'ratio':>5}")
+              f"{'HTA tree/proc MB':>16} {'ratio':>5} | {'warm s recprof/HTA':>18} "
+              f"{'ratio':>5}")
     print(header)
     print("-" * len(header))
     ratios: list[float] = []
     cpu_ratios: list[float] = []
+    warm_ratios: list[float] = []
     for name in SETS:
         path = traces / name
         files = trace_files(path)
@@ -258,16 +296,27 @@ def compare(traces: Path, repeat: int, hta_python: str) -> None:
             continue
         ratios.append(mine.wall_s / theirs.wall_s)
         cpu_ratios.append(mine.cpu_s / theirs.cpu_s)
+        mine_warm = warm_seconds([sys.executable, __file__, "--recprof-warm", str(path)],
+                                 repeat)
+        theirs_warm = warm_seconds([hta_python, __file__, "--hta-warm", *map(str, files)],
+                                   repeat)
+        warm = "-"
+        if mine_warm is not None and theirs_warm:
+            warm_ratios.append(mine_warm / theirs_warm)
+            warm = f"{mine_warm:>8.3f} / {theirs_warm:<7.3f} {mine_warm / theirs_warm:>5.2f}x"
         ratio = f"{fmt_ratio(mine.wall_s, theirs.wall_s)}/{fmt_ratio(mine.cpu_s, theirs.cpu_s)}"
         print(f"{name[-48:]:48} {len(files):>5} {size:>5.1f} | {mine.wall_s:>8.2f} / "
               f"{mine.cpu_s:<7.2f} {theirs.wall_s:>6.2f} / {theirs.cpu_s:<6.2f} {ratio:>11} | "
               f"{mine.tree_rss_mb:>9.0f} / {mine.proc_rss_mb:<8.0f} "
               f"{theirs.tree_rss_mb:>6.0f} / {theirs.proc_rss_mb:<7.0f} "
-              f"{fmt_ratio(mine.tree_rss_mb, theirs.tree_rss_mb):>5}")
+              f"{fmt_ratio(mine.tree_rss_mb, theirs.tree_rss_mb):>5} | {warm:>25}")
     if ratios:
         print(f"recprof/HTA: wall median {statistics.median(ratios):.2f}x, worst "
               f"{max(ratios):.2f}x; CPU median {statistics.median(cpu_ratios):.2f}x, worst "
               f"{max(cpu_ratios):.2f}x (goal: wall <= {GOAL_VS_HTA}x)")
+    if warm_ratios:
+        print(f"imports excluded (warm): median {statistics.median(warm_ratios):.2f}x, worst "
+              f"{max(warm_ratios):.2f}x; the goal is judged on the cold wall above")
 
 
 def meets(ok: bool) -> str:
@@ -378,9 +427,14 @@ def main() -> None:
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask case")
     parser.add_argument("--no-compare", action="store_true", help="skip recprof vs HTA")
     parser.add_argument("--hta-child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--hta-warm", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--recprof-warm", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.hta_child:
-        hta_child(args.hta_child)
+    if args.hta_child or args.hta_warm:
+        hta_child(args.hta_child or args.hta_warm, warm=bool(args.hta_warm))
+        return
+    if args.recprof_warm:
+        recprof_warm_child(args.recprof_warm)
         return
     hta_version = subprocess.run(
         [args.hta_python, "-c", HTA_VERSION_SCRIPT],
