@@ -280,12 +280,14 @@ def _sum_per_rank(skew: SkewAnalysis, matched: list[_Matched], calls: dict[int, 
             by_kind_transfer[str(kind)] += part.transfer / len(ranks) / n_steps
         lasts = np.array([matched[i].last for i in c.matched_index])
         steps = np.array([matched[i].key[0] for i in c.matched_index])
+        waited = c.waited_until > c.start
         for late in np.unique(lasts):
             if late == r:
                 continue
             for step in np.unique(steps[lasts == late]):
                 rows = np.flatnonzero((lasts == late) & (steps == step))
-                caused = _blocking_wait(c, rows, busy)
+                # Calls it never waited in cause nothing: skip the unions (most, at scale).
+                caused = _blocking_wait(c, rows, busy) if waited[rows].any() else 0.0
                 per_step_caused[int(step)][int(late)] += caused
                 skew.caused_blocking_us_per_step_by_rank[int(late)] += caused / peers / n_steps
     skew.blocking_wait_us_per_step_by_kind = dict(by_kind_wait)
