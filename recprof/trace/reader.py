@@ -269,43 +269,31 @@ def _decode_bounded(decoder: msgspec.json.Decoder, data: Any) -> Any:
     earlier recprof) did. msgspec counts nesting on Python's recursion limit, which would
     refuse ~990 levels here, fewer under a deep caller, and any depth a raised limit allows;
     so the limit is set, for this call, to the lowest at which MAX_JSON_DEPTH levels decode
-    from this very frame. Found by a bisection of ~11 probes of 2 KB each (1.1 ms, a tenth
-    of a small rank's analysis); the limit last found at this frame depth is tried first and
-    kept when two probes confirm it is still the lowest, as it is for every file after the
-    first on one call path."""
+    from this very frame, found by probes of 2 KB each. Found afresh every time: how much of
+    the limit a call path uses changes as the interpreter specialises its calls, so a limit
+    remembered from an earlier file was off by one. The search gallops up from the least
+    possible limit (the answer is a few above it) before it bisects: 1 to 3 probes, where a
+    bisection of the whole range took 11 (1.1 ms, a tenth of a small rank's analysis)."""
     old = sys.getrecursionlimit()
     frame, depth = sys._getframe(), 0
     while frame is not None:
         frame, depth = frame.f_back, depth + 1
+    lo, hi = depth + MAX_JSON_DEPTH, depth + 2 * MAX_JSON_DEPTH  # the answer is in [lo, hi]
+    decoded, step = False, 1
     try:
-        known = _LIMIT_AT_DEPTH.get(depth)
-        if known is None or not (_decodes_deepest(known) and not _decodes_deepest(known - 1)):
-            lo, hi = depth + MAX_JSON_DEPTH, depth + 2 * MAX_JSON_DEPTH
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if _decodes_deepest(mid):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            known = _LIMIT_AT_DEPTH[depth] = lo
-        sys.setrecursionlimit(known)
+        while lo < hi:
+            probe = (lo + hi) // 2 if decoded else min(lo + step - 1, hi)
+            step *= 2
+            sys.setrecursionlimit(probe)
+            try:
+                _ANY.decode(_DEEPEST)
+                decoded, hi = True, probe
+            except RecursionError:
+                lo = probe + 1
+        sys.setrecursionlimit(min(lo, hi))
         return decoder.decode(data)
     finally:
         sys.setrecursionlimit(old)
-
-
-#: The recursion limit `_decode_bounded` last found, by the depth of the frame it ran in.
-_LIMIT_AT_DEPTH: dict[int, int] = {}
-
-
-def _decodes_deepest(limit: int) -> bool:
-    """Whether MAX_JSON_DEPTH levels of nesting decode under recursion limit `limit`."""
-    sys.setrecursionlimit(limit)
-    try:
-        _ANY.decode(_DEEPEST)
-    except RecursionError:
-        return False
-    return True
 
 
 def _json_problem(data: bytes | bytearray, exc: Exception) -> str:

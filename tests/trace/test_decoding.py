@@ -47,6 +47,30 @@ def test_nesting_is_refused_exactly_where_orjson_refused_it(tmp_path: Path) -> N
     assert err.value.problem == f"invalid JSON ({_orjson_words(data)})"
 
 
+def test_the_nesting_bound_holds_from_any_caller_however_often_called(tmp_path: Path) -> None:
+    """The limit is found afresh per file: one remembered per frame depth let 1,025 levels
+    through once the interpreter had specialised a call path (called through `map` after a
+    `sorted` key at the same depth)."""
+    deepest = _write(tmp_path, _nested(MAX_JSON_DEPTH), "deepest.json")
+    deeper = _write(tmp_path, _nested(MAX_JSON_DEPTH + 1), "deeper.json")
+
+    def bound_holds() -> bool:
+        if len(read_trace(deepest).events) != 1:
+            return False
+        with pytest.raises(TraceFileError):
+            read_trace(deeper)
+        return True
+
+    def nested_call(levels: int) -> bool:
+        return bound_holds() if levels == 0 else nested_call(levels - 1)
+
+    for _ in range(3):  # past the interpreter's warm-up of each call site
+        assert bound_holds()
+        assert nested_call(3)
+        assert sorted([0], key=lambda _: bound_holds()) == [0]
+        assert list(map(lambda _: bound_holds(), [0])) == [True]
+
+
 @pytest.mark.parametrize("field,value", [
     ("name", b'"\xff"'),  # invalid UTF-8 in a field that is decoded
     ("ts", b"1e400"),  # beyond float range
