@@ -28,7 +28,7 @@ def test_gloo_job_breakdown(gloo_trace_dir: Path) -> None:
         for step in rank.steps:
             assert sum(getattr(step, m) for m in PARTITION) == pytest.approx(step.step, rel=1e-6)
     rank0, rank1 = job.ranks
-    # Rank 1 runs four times the matmuls; rank 0 spends the difference waiting in collectives.
+    # Rank 1 runs eight times the matmuls; rank 0 spends the difference waiting in collectives.
     assert rank1.totals.compute > 1.5 * rank0.totals.compute
     assert rank0.totals.exposed_comm > rank1.totals.exposed_comm
     assert job.skew.straggler_rank == 1

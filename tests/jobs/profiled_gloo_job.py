@@ -36,7 +36,10 @@ def main(out_dir: Path, protected: bool = True) -> None:
     ) as prof:
         for _ in range(7):
             x = torch.randn(512, 256)
-            for _ in range(4 + 12 * rank):  # rank 1 computes 4x longer: rank 0 waits for it
+            # Rank 1 computes 8x longer: rank 0 waits ~20 ms per step for it, a margin no
+            # host stall of one step on this shared machine has reached (at 4x, ~10 ms, one
+            # stalled step of rank 0 cost the straggler its name).
+            for _ in range(4 + 28 * rank):
                 x = torch.relu(x @ weight)
             received = torch.empty_like(rows)
             dist.all_to_all_single(received, rows)

@@ -106,7 +106,7 @@ def test_gloo_report(gloo_report: Path) -> None:
     assert any("gloo" in lane for lane in lanes)
     kinds = {t["name"] for t in timeline["data"]}
     assert {"comm: all_to_all", "comm: all_reduce", "compute"} <= kinds
-    # tests/jobs/profiled_gloo_job.py gives rank 1 four times the compute of rank 0.
+    # tests/jobs/profiled_gloo_job.py gives rank 1 eight times the compute of rank 0.
     assert "Straggler: rank 1." in html
 
 
