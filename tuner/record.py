@@ -147,6 +147,9 @@ class TrialRecord:
     quality_loss: float | None = None  # against the baseline; positive = worse
     #: samples/s `recprof whatif` predicted from the baseline's capture (tuner/prior.py)
     predicted: float | None = None
+    #: that prediction re-fitted on the trials measured before this one's result was known
+    #: (`Prior.corrected`): what the tuner believed when it ran it
+    refitted: float | None = None
 
     @property
     def exposed_ratio(self) -> float | None:
@@ -217,6 +220,7 @@ class TrialRecord:
             "quality_metric": self.quality_metric,
             "quality_loss": self.quality_loss,
             "predicted_throughput": self.predicted,
+            "refitted_throughput": self.refitted,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -258,6 +262,7 @@ class TrialRecord:
             quality_metric=attrs.get("quality_metric"),
             quality_loss=attrs.get("quality_loss"),
             predicted=attrs.get("predicted_throughput"),
+            refitted=attrs.get("refitted_throughput"),
         )
 
     @classmethod

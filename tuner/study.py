@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import random
 import signal
 from collections.abc import Iterator, Mapping
@@ -299,17 +300,21 @@ class Tuner:
             return None
         return Prior(stored.predictions, stored.prior_basis or "")
 
+    def _measured(self) -> tuple[list[tuple[Knobs, float]], list[float]]:
+        """(knobs, samples/s) of every trial that ran to completion, and the samples/s of
+        those that met the quality bound: what the prior re-fits on and must beat."""
+        complete = [(t, rec) for t in self._trials() if t.state == TrialState.COMPLETE
+                    and t.value is not None and (rec := TrialRecord.load(t)).ran and rec.knobs]
+        measured = [(rec.knobs, t.value) for t, rec in complete]
+        return measured, [t.value for t, _ in complete if figures.feasible(t)]
+
     def _queue_predicted(self, fixed: Mapping[str, Any]) -> None:
         """Queue the predicted best unmeasured config (re-fitted on every measured trial) when
         nothing else is queued and it is predicted to beat the best measured one."""
         prior = self._prior()
-        trials = self._trials()
-        if prior is None or any(t.state == TrialState.WAITING for t in trials):
+        if prior is None or any(t.state == TrialState.WAITING for t in self._trials()):
             return
-        complete = [(t, rec) for t in trials if t.state == TrialState.COMPLETE
-                    and t.value is not None and (rec := TrialRecord.load(t)).ran and rec.knobs]
-        measured = [(rec.knobs, t.value) for t, rec in complete]
-        feasible = [t.value for t, _ in complete if figures.feasible(t)]
+        measured, feasible = self._measured()
         pick = prior.next_config(self._unseen(fixed), measured, max(feasible, default=0.0))
         if pick is not None:
             params = {k: v for k, v in pick.items() if k in self.space.choices}
@@ -368,7 +373,11 @@ class Tuner:
         rec.ran = True
         rec.status = outcome.status
         rec.wall_s = round(outcome.wall_s, 3)
-        rec.predicted = (StudyRecord.load(self.study).predictions or {}).get(knobs_key(knobs))
+        prior = self._prior()
+        if prior is not None:
+            rec.predicted = prior.predicted.get(knobs_key(knobs))
+            refitted = prior.corrected(self._measured()[0])(knobs)
+            rec.refitted = None if math.isnan(refitted) else refitted
         if not outcome.ok:
             rec.reason = outcome.reason
             rec.save(trial)
