@@ -159,10 +159,36 @@ class DaskCluster(Executor):
             self.close()
             raise RecprofError(f"cannot reach the Dask scheduler at {scheduler} ({exc})"
                                ) from None
+        self._check_workers()
         self._killed: type[Exception] = distributed.KilledWorker
         self._as_completed = distributed.as_completed
         threads = self._client.nthreads()
         self.workers = max(sum(threads.values()), 1)
+
+    def _check_workers(self) -> None:
+        """Every worker must import the recprof that sent the work: a worker without it
+        cannot unpickle a task, and Dask then retries the task forever instead of failing.
+        Asked with a builtin (`eval`), which every worker can unpickle."""
+        from recprof import __version__
+
+        try:
+            found = self._client.run(eval, _WORKER_RECPROF, on_error="return")
+        except OSError as exc:
+            self.close()
+            raise RecprofError(f"cannot reach the Dask workers ({exc})") from None
+        if not found:
+            self.close()
+            raise RecprofError("the Dask cluster has no workers")
+        wrong = {worker: (f"cannot import recprof ({answer})" if isinstance(answer, Exception)
+                          else f"runs recprof {answer}")
+                 for worker, answer in sorted(found.items()) if answer != __version__}
+        if wrong:
+            self.close()
+            listed = "; ".join(f"{w} {why}" for w, why in list(wrong.items())[:3])
+            more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+            raise RecprofError(f"Dask workers must run recprof {__version__}, as here: "
+                               f"{listed}{more}. Install it on every worker "
+                               f"({DASK_INSTALL_HINT}, same version)")
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]
             ) -> Iterator[tuple[int, R | WorkerLost]]:
@@ -193,6 +219,10 @@ class DaskCluster(Executor):
         if self._cluster is not None:
             self._cluster.close()
             self._cluster = None
+
+
+#: What `DaskCluster` has each worker evaluate: the version of the recprof it imports.
+_WORKER_RECPROF = "__import__('recprof.analysis.pipeline').__version__"
 
 
 def import_distributed() -> Any:

@@ -183,3 +183,32 @@ def test_without_dask_the_options_say_what_to_install(shared_traces: Path, comma
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and DASK_INSTALL_HINT in lines[0], proc.stderr
+
+
+#: A worker preload that leaves recprof unimportable there, as on a host without it.
+_NO_RECPROF = """
+import sys
+for name in [m for m in sys.modules if m == "recprof" or m.startswith("recprof.")]:
+    del sys.modules[name]
+sys.modules["recprof"] = None
+"""
+
+
+def test_workers_without_recprof_are_named_not_waited_on(shared_traces: Path,
+                                                         tmp_path: Path) -> None:
+    """A worker that cannot import recprof cannot unpickle a task, and Dask retries such a
+    task forever: the job hung. It must stop at once, naming the worker and what to install."""
+    distributed = pytest.importorskip("distributed")
+    preload = tmp_path / "no_recprof.py"
+    preload.write_text(_NO_RECPROF)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, preload=[str(preload)]) as cluster:
+        proc = subprocess.run(
+            [sys.executable, "-m", "recprof", "analyze", str(shared_traces / SST),
+             "--scheduler", cluster.scheduler_address],
+            capture_output=True, text=True, timeout=120)
+        worker = next(iter(cluster.scheduler_info["workers"]))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"{worker} cannot import recprof" in line and DASK_INSTALL_HINT in line, line
