@@ -42,8 +42,10 @@ MAX_DECOMPRESSED_BYTES = 4 << 30
 #: JSON nesting refused, as orjson (which wrote the analysis before) refuses it: nothing real
 #: nests beyond ten levels, and a hostile file nested deeper must fail the same way.
 MAX_JSON_DEPTH = 1024
-#: Compressed bytes read at a time from a `.gz` file.
-_GZIP_CHUNK = 1 << 20
+#: Inflated bytes asked for at a time from a `.gz` file: 64 KB reads took 0.26 ms for a
+#: 0.6 MB rank where 1 MB reads took 0.78 (the reader sets up a buffer of the size asked
+#: each time), and 52 against 48 ms for 58 MB.
+_GZIP_CHUNK = 1 << 16
 
 
 class TraceFileError(RecprofError):
