@@ -61,10 +61,10 @@ class CollectiveRecords:
         return int(self.start.size)
 
     def call_keys(self) -> list[CallKey]:
+        """Each instance's key: its step, group, kind and how many of those came before."""
         counters: dict[tuple[int, str, str], int] = defaultdict(int)
         keys: list[CallKey] = []
-        for i in range(len(self)):
-            base = (int(self.step[i]), self.group[i], self.kind[i])
+        for base in zip(self.step.tolist(), self.group, self.kind, strict=True):
             keys.append((*base, counters[base]))
             counters[base] += 1
         return keys
