@@ -141,9 +141,21 @@ class Predictor:
             ).step_us, base.measured_step_us, *CONTENTION_RANGE)
         self.network = dataclasses.replace(self.network, contention=contention)
         self.scale = _solve(lambda k: self._replay(self.knobs, k).step_us, target, *SCALE_RANGE)
+        # A CPU rank with no spare core moves its collectives' bytes on the core the profiler
+        # slows too: when compute alone cannot shrink to the unprofiled step (the profiled
+        # transfers already exceed it), the transfers are scaled with the compute.
+        transfers_scaled = (self.calibrated and self.cfg is not None and not self.spare_core
+                            and not _inside(self.scale, SCALE_RANGE))
+        if transfers_scaled:
+            def joint(k: float) -> float:
+                network = dataclasses.replace(self.network, contention=contention * k)
+                return self._replay(self.knobs, k, network=network).step_us
+
+            self.scale = _solve(joint, target, *SCALE_RANGE)
+            self.network = dataclasses.replace(self.network, contention=contention * self.scale)
         for value, (lo, hi), what in ((contention, CONTENTION_RANGE, "transfer"),
                                       (self.scale, SCALE_RANGE, "compute")):
-            if not lo * 1.01 < value < hi / 1.01:
+            if not _inside(value, (lo, hi)):
                 raise RecprofError(
                     f"{base.job.id}: the replay cannot reproduce this capture's step "
                     f"({uncalibrated / 1e3:.2f} ms replayed, {base.measured_step_us / 1e3:.2f} ms "
@@ -153,8 +165,9 @@ class Predictor:
             f"replay of the recorded baseline {uncalibrated / 1e3:.2f} ms vs measured "
             f"{base.measured_step_us / 1e3:.2f} ms (profiled)"
             + (f": transfers x{contention:.2f} for contention; " if self.cfg else "; ")
-            + (f"compute scaled x{self.scale:.3f} to the unprofiled step "
-               f"{target / 1e3:.2f} ms from the step logs" if self.calibrated else
+            + (f"compute{' and transfers' if transfers_scaled else ''} scaled "
+               f"x{self.scale:.3f} to the unprofiled step {target / 1e3:.2f} ms from the step "
+               "logs" if self.calibrated else
                "no step logs: could not calibrate to unprofiled steps, so predictions are of "
                "profiled steps")
         )
@@ -320,6 +333,11 @@ class Predictor:
 #: capture (a profiled op 50x its unprofiled time, or collectives 20x their fitted lines).
 CONTENTION_RANGE = (0.1, 20.0)
 SCALE_RANGE = (0.02, 50.0)
+
+
+def _inside(value: float, bounds: tuple[float, float]) -> bool:
+    """Whether a calibrated factor stopped short of its bounds (at one, it could not reach)."""
+    return bounds[0] * 1.01 < value < bounds[1] / 1.01
 
 
 def _solve(step_at: Callable[[float], float], target: float, lo: float, hi: float) -> float:

@@ -119,6 +119,29 @@ def test_a_capture_without_step_logs_predicts_and_says_it_could_not_calibrate(
     assert "qcomms=fp16" in out and "refused" not in out
 
 
+def test_unprofiled_steps_shorter_than_the_profiled_transfers_scale_the_transfers_too(
+        captured: Path, tmp_path: Path) -> None:
+    """The tiny tuner job once recorded 9.8 ms profiled steps around 4.8 ms unprofiled ones:
+    scaling compute alone could not reach them (the profiled transfers already took longer)
+    and the prior was refused. On CPU ranks without a spare core the profiler slows the
+    transfers' core too, so both are scaled. Here the real capture's unprofiled steps are
+    shortened to a quarter in its step logs (an altered copy, not a measurement) to force
+    that case."""
+    copy = tmp_path / "run"
+    shutil.copytree(captured, copy)
+    for log in (copy / "steps").glob("*.jsonl"):
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        for row in rows:
+            if row["phase"] in ("after", "unprofiled"):
+                row["wall_s"] = row["hook_s"] + (row["wall_s"] - row["hook_s"]) / 4
+        log.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    proc = _whatif(str(copy), "--try", "qcomms=fp16")
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "compute and transfers scaled" in out, out
+    assert "qcomms=fp16" in out and "refused" not in out
+
+
 def test_a_trace_without_message_sizes_is_refused_in_one_line(shared_traces: Path) -> None:
     proc = _whatif(str(shared_traces / "torchrec_pr1460" / "trace" / "sst_long_a2a_optimizer"))
     assert proc.returncode == 2
