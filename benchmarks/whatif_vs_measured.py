@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--trial-timeout", type=float, default=600.0)
     args = parser.parse_args()
     console = Console(width=None if sys.stdout.isatty() else 140)
-    out = args.out or Path(tempfile.mkdtemp(prefix="whatif-bench-"))
+    out = (args.out or Path(tempfile.mkdtemp(prefix="whatif-bench-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nnodes, template = 1, None
     if args.emulated:
@@ -104,11 +105,42 @@ def main() -> None:
             sys.exit(f"{name} failed: {outcome.reason} (logs in {trial_dir})")
         return trial_dir
 
+    def capture_emulated(name: str) -> Path:
+        """The baseline captured on the emulated cluster. `recprof capture` wraps each node's
+        torchrun (wrapped around the launcher script, it would take that Python process for
+        a one-process job: docs/capture.md, Limits), and the nodes' run folders are merged into one,
+        re-analysed from all ranks' traces."""
+        from emulated_cluster import EmulatedCluster
+
+        trial_dir = out / name
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        config = write_config(trial_config(base, dict(BASELINE)), trial_dir / "config.yaml")
+        window = capture_window(base["steps"], base["warmup_steps"])
+        nodes = [trial_dir / f"capture-node{i}" for i in range(2)]
+        wrappers = [[sys.executable, "-m", "recprof", "capture", "--out", str(node), *window,
+                     "--"] for node in nodes]
+        with EmulatedCluster(rate=args.emulated) as cluster:
+            results = cluster.torchrun(
+                args.nproc_per_node, ["-m", "recprof.nestpipe", "--config", str(config),
+                                      "--out", str(trial_dir)],
+                wrapper=wrappers, timeout=args.trial_timeout)
+        for i, res in enumerate(results):
+            if res.returncode != 0:
+                sys.exit(f"{name}: node {i} exited {res.returncode}: {res.stderr[-1500:]}")
+        merged = trial_dir / "capture"
+        shutil.copytree(nodes[0], merged, dirs_exist_ok=True)
+        for sub in ("traces", "steps", "meta"):
+            shutil.copytree(nodes[1] / sub, merged / sub, dirs_exist_ok=True)
+        for derived in ("analysis.json", "report.html"):  # node 0's ranks only
+            (merged / derived).unlink(missing_ok=True)
+        return trial_dir
+
     where = f"emulated 2 nodes at {args.emulated}" if args.emulated else "loopback"
     console.print(f"world {launch.world_size} ({where}); base {args.config}; out {out}",
                   highlight=False)
     started = time.monotonic()
-    baseline_dir = run("baseline-capture", dict(BASELINE), capture=True)
+    baseline_dir = (capture_emulated("baseline-capture") if args.emulated
+                    else run("baseline-capture", dict(BASELINE), capture=True))
     predictor = Predictor(measure(one_job([baseline_dir / "capture"])))
     console.print(f"calibration: {predictor.calibration}", highlight=False)
     grid = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
