@@ -4,7 +4,9 @@ Each "node" is a network namespace. Node 0 is joined to every other node by a ve
 two ends are shaped with `tbf` (the one shaping qdisc this kernel has; see the field notes), so
 traffic between nodes crosses a slow link while ranks inside one node talk over loopback. A
 job is started as one `torchrun --nnodes N --node-rank i` per namespace, with
-GLOO_SOCKET_IFNAME set to the node's veth. Everything is removed on exit (namespaces, and the
+GLOO_SOCKET_IFNAME set to the node's veth and the namespace's name as its hostname (a UTS
+namespace each: with one shared hostname, recprof read both nodes' ranks as one host's, with
+no core to spare and no inter-node link). Everything is removed on exit (namespaces, and the
 veths inside them with them), also after an error or Ctrl-C.
 
     python benchmarks/emulated_cluster.py --nodes 2 --nproc-per-node 1 --rate 1gbit -- \\
@@ -138,8 +140,12 @@ class EmulatedCluster:
                 cmd = [*wrapper[rank], *cmd]
             env = {"OMP_NUM_THREADS": str(threads), **os.environ,
                    "GLOO_SOCKET_IFNAME": node.ifname}
+            # Each node under its own hostname (a UTS namespace), as on a real cluster: the
+            # traces and step logs then tell the nodes apart, as recprof reads them.
+            own_host = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                        node.namespace]
             procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", node.namespace, *cmd], env=env, cwd=REPO,
+                ["ip", "netns", "exec", node.namespace, *own_host, *cmd], env=env, cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             ))
         results = []
