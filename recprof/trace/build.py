@@ -264,16 +264,9 @@ def _loose_fields(raw: RawTrace, ev: CheckedEvent | TraceEvent, ids: dict[int | 
     """A complete event's fields when any is outside `CheckedEvent`'s checks (or missing),
     each read through sanitize as orjson read it; None, counted in `skipped`, when the event
     cannot be used."""
-    max_time, max_dur = sanitize.MAX_ABS_TIME_US, sanitize.MAX_DURATION_US
     raw_ts, raw_dur = ev.ts, ev.dur
-    kind = type(raw_ts)  # floats in new traces, integers in older ones
-    ts = (raw_ts if kind is float and -max_time <= raw_ts <= max_time
-          else float(raw_ts) if kind is int and -max_time <= raw_ts <= max_time
-          else sanitize.time_us(raw.scalar(raw_ts), max_time))
-    kind = type(raw_dur)
-    dur = (raw_dur if kind is float and -max_dur <= raw_dur <= max_dur
-           else float(raw_dur) if kind is int and -max_dur <= raw_dur <= max_dur
-           else sanitize.time_us(raw.scalar(raw_dur), max_dur))
+    ts = sanitize.time_us(raw.scalar(raw_ts), sanitize.MAX_ABS_TIME_US)
+    dur = sanitize.time_us(raw.scalar(raw_dur), sanitize.MAX_DURATION_US)
     if ts is None or dur is None:
         timed = (isinstance(raw_ts, (int, float)) and isinstance(raw_dur, (int, float))
                  and not isinstance(raw_ts, bool) and not isinstance(raw_dur, bool))
@@ -284,8 +277,7 @@ def _loose_fields(raw: RawTrace, ev: CheckedEvent | TraceEvent, ids: dict[int | 
         return None
     cat, name, pid, tid = ev.cat, ev.name, ev.pid, ev.tid
     cat = cat if type(cat) is str and cat else sanitize.text(raw.scalar(cat) or None)
-    name = (name if type(name) is str and 0 < len(name) <= sanitize.MAX_NAME_CHARS
-            else sanitize.text(raw.scalar(name) or None))
+    name = sanitize.text(raw.scalar(name) or None)
     if type(pid) is int and -_MAX_ID <= pid <= _MAX_ID:
         pid = ids.setdefault(pid, pid)
     else:
