@@ -94,11 +94,16 @@ def main() -> None:
                                             "warmup_steps": args.warmup_steps}
     shape = job_shape(base, launch.world_size)
 
-    def run(name: str, knobs: dict[str, Any], capture: bool) -> Path:
+    window = capture_window(base["steps"], base["warmup_steps"])
+
+    def prepare(name: str, knobs: dict[str, Any]) -> tuple[Path, Path]:
+        """The run's folder and the trainer config written into it."""
         trial_dir = out / name
         trial_dir.mkdir(parents=True, exist_ok=True)
-        config = write_config(trial_config(base, knobs), trial_dir / "config.yaml")
-        window = capture_window(base["steps"], base["warmup_steps"])
+        return trial_dir, write_config(trial_config(base, knobs), trial_dir / "config.yaml")
+
+    def run(name: str, knobs: dict[str, Any], capture: bool) -> Path:
+        trial_dir, config = prepare(name, knobs)
         outcome = TrialRunner(capture, args.trial_timeout, window).run(
             launch.trainer_argv(config, trial_dir), trial_dir)
         if not outcome.ok:
@@ -108,14 +113,11 @@ def main() -> None:
     def capture_emulated(name: str) -> Path:
         """The baseline captured on the emulated cluster. `recprof capture` wraps each node's
         torchrun (wrapped around the launcher script, it would take that Python process for
-        a one-process job: docs/capture.md, Limits), and the nodes' run folders are merged into one,
-        re-analysed from all ranks' traces."""
+        a one-process job: docs/capture.md, Limits), and the nodes' run folders are merged
+        into one, re-analysed from all ranks' traces."""
         from emulated_cluster import EmulatedCluster
 
-        trial_dir = out / name
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        config = write_config(trial_config(base, dict(BASELINE)), trial_dir / "config.yaml")
-        window = capture_window(base["steps"], base["warmup_steps"])
+        trial_dir, config = prepare(name, dict(BASELINE))
         nodes = [trial_dir / f"capture-node{i}" for i in range(2)]
         wrappers = [[sys.executable, "-m", "recprof", "capture", "--out", str(node), *window,
                      "--"] for node in nodes]
