@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from any_exposure import embedding_finding
 from capture_helpers import (
     EXAMPLE,
     JOB_ENV,
@@ -37,7 +38,7 @@ from capture_helpers import (
 )
 from ci_output import assert_tables_whole
 
-from recprof.analysis import diagnosis, load_analysis_json
+from recprof.analysis import load_analysis_json
 from recprof.analysis.frameworks import knobs_of
 from recprof.capture.command import NO_TRACE_EXIT, SUMMARY_COLUMNS
 
@@ -163,11 +164,7 @@ def test_trainer_stages_purposes_and_a_tune_command_that_runs_as_printed(
     # the job always exposes its embedding all-to-all: the embedding rule, on this job's own
     # numbers with its exposure thresholds at zero, gives the command the capture prints
     # whenever the finding fires.
-    monkeypatch.setattr(diagnosis, "EXPOSED_COMM_MIN_US", 0.0)
-    monkeypatch.setattr(diagnosis, "EXPOSED_COMM_MIN_FRACTION", 0.0)
-    embedding = diagnosis.rule_exposed_embedding_comm(diagnosis.job_facts(job))
-    assert embedding is not None, job.exposed_comm_us_per_step_by_kind
-    (printed,) = embedding.commands
+    (printed,) = embedding_finding(job, monkeypatch).commands
     assert f"--config {TINY_CONFIG}" in printed  # absolute: runs from any folder
     for f in job.findings:  # whichever fired this time, as the capture wrote them
         if f.id == "exposed_embedding_comm":

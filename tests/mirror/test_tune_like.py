@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from any_exposure import embedding_finding
 
-from recprof.analysis import diagnosis, load_analysis_json
+from recprof.analysis import load_analysis_json
 
 pytest.importorskip("torch")
 
@@ -38,11 +39,7 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     # every time is an embedding all-to-all on the critical path of a captured DDP job: the
     # embedding rule, run on this job's own numbers with its exposure thresholds at zero,
     # yields the finding (and the command) the capture prints whenever it clears them.
-    monkeypatch.setattr(diagnosis, "EXPOSED_COMM_MIN_US", 0.0)
-    monkeypatch.setattr(diagnosis, "EXPOSED_COMM_MIN_FRACTION", 0.0)
-    embedding = diagnosis.rule_exposed_embedding_comm(diagnosis.job_facts(job))
-    assert embedding is not None, job.exposed_comm_us_per_step_by_kind
-    (printed,) = embedding.commands
+    (printed,) = embedding_finding(job, monkeypatch).commands
     assert printed.startswith(f"recprof tune --like {run} ")
     for f in job.findings:  # whichever fired this time, as the capture wrote them
         if f.id == "exposed_embedding_comm":
