@@ -140,7 +140,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    use_cuda = torch.cuda.is_available()
+    # NCCL needs a GPU of its own per rank: ranks sharing one GPU train on CPU over gloo.
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if use_cuda:

@@ -44,6 +44,7 @@ from recprof.errors import RecprofError
 from recprof.nestpipe.config import TrainConfig, load_config, validate
 from recprof.nestpipe.data import TRAIN_STREAM, Batch, make_loader
 from recprof.nestpipe.model import DenseArch
+from recprof.nestpipe.trainer import choose_backend
 
 
 class DLRMTrain(nn.Module):
@@ -118,13 +119,14 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.opti
 
 def train(cfg: TrainConfig, pipeline: str, out: Path | None) -> None:
     device = torch.device("cpu")
-    if torch.cuda.is_available():
+    backend = choose_backend(cfg.backend)
+    if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optimizer = build(cfg, device)
-    loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, rank, world, cfg.num_workers)
+    loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, rank, world, cfg.num_workers, device)
     batches: Iterator[TorchRecBatch] = (to_torchrec(b, cfg).to(device) for b in loader)
     runner = (
         TrainPipelineSparseDist(model, optimizer, device) if pipeline == "sparse_dist" else None

@@ -91,7 +91,7 @@ def analyze(
         sys.stdout.flush()
     elif json_out is not None:
         write_json(result, json_out)
-        console.print(f"analysis written to [bold]{escape(str(json_out))}[/]")
+        console.print(f"analysis written to [bold]{escape(str(json_out))}[/]", soft_wrap=True)
 
 
 def write_json(result: AnalysisResult, path: Path) -> None:

@@ -106,7 +106,7 @@ def capture(
             manifest["analysis"] = str(outcome.analysis.relative_to(run_dir))
         if outcome.report:
             manifest["report"] = str(outcome.report.relative_to(run_dir))
-            console.print(f"[bold green]report:[/] {escape(str(outcome.report))}")
+            console.print(f"[bold green]report:[/] {escape(str(outcome.report))}", soft_wrap=True)
         if outcome.note:
             console.print(f"[yellow]recprof: {escape(outcome.note)}[/]")
         write_manifest(run_dir, manifest)
@@ -165,5 +165,5 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
     why = f": {manifest['exit_explanation']}" if manifest.get("exit_explanation") else ""
     console.print(
         f"job [{colour}]{status}[/] (exit {manifest['exit_code']}){escape(why)}; "
-        f"manifest: {escape(str(manifest_path))}"
+        f"manifest: {escape(str(manifest_path))}", soft_wrap=True
     )

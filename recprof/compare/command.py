@@ -79,17 +79,17 @@ def compare(
     err = Console(stderr=True)
     loaded = []
     for path, name in zip(runs, names, strict=True):
-        err.print(f"reading {escape(str(path))}", style="dim", highlight=False)
+        err.print(f"reading {escape(str(path))}", style="dim", highlight=False, soft_wrap=True)
         loaded.append(load_run(path, name, samples_per_step))
     _unique(loaded)
     comparison = compare_runs(loaded, threshold)
     print_comparison(Console(), comparison)
     if json_out is not None:
         _write(json_out, comparison.to_json())
-        err.print(f"JSON written to {escape(str(json_out))}", highlight=False)
+        err.print(f"JSON written to {escape(str(json_out))}", highlight=False, soft_wrap=True)
     if output is not None:
         write_html(comparison, output, cdn=cdn)
-        err.print(f"comparison written to {escape(str(output))}", highlight=False)
+        err.print(f"comparison written to {escape(str(output))}", highlight=False, soft_wrap=True)
     if comparison.gate is not None and comparison.gate.failed:
         raise typer.Exit(1)
 

@@ -90,4 +90,5 @@ def mirror(
         output.write_text(text)
     except OSError as exc:
         raise RecprofError(f"{output}: cannot write ({exc.strerror or exc})") from None
-    console.print(f"mirror config written to [bold]{escape(str(output))}[/]", highlight=False)
+    console.print(f"mirror config written to [bold]{escape(str(output))}[/]", highlight=False,
+                  soft_wrap=True)

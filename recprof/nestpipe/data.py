@@ -215,14 +215,16 @@ class StepDataset(IterableDataset):
 
 
 def make_loader(
-    cfg: TrainConfig, stream: int, count: int, rank: int, world: int, workers: int
+    cfg: TrainConfig, stream: int, count: int, rank: int, world: int, workers: int,
+    device: torch.device,
 ) -> DataLoader:
-    """This rank's batches; pinned memory only where there is a device to pin for."""
+    """This rank's batches; pinned memory only where they are copied to a GPU (a gloo run on
+    a GPU host trains on CPU and pins for nothing)."""
     return DataLoader(
         StepDataset(cfg, stream, count, rank, world),
         batch_size=None,
         num_workers=workers,
-        pin_memory=cfg.pin_memory and torch.cuda.is_available(),
+        pin_memory=cfg.pin_memory and device.type == "cuda",
         prefetch_factor=4 if workers > 0 else None,
         persistent_workers=False,
     )

@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from recprof.errors import RecprofError
 from recprof.exit_race import avoid_gloo_exit_abort
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, make_loader
@@ -164,7 +165,8 @@ class Trainer:
         if batches == 0:
             return None, None
         scores, labels = [], []
-        loader = make_loader(self.cfg, EVAL_STREAM, batches, self.groups.rank, self.groups.world, 0)
+        loader = make_loader(self.cfg, EVAL_STREAM, batches, self.groups.rank, self.groups.world, 0,
+                             self.device)
         with record_function("nestpipe:eval"):
             for batch in loader:
                 batch = batch.to(self.device, self.dtype)
@@ -180,10 +182,32 @@ class Trainer:
         return roc_auc(both[0].numpy(), both[1].numpy()), loss
 
 
+def choose_backend(requested: str) -> str:
+    """The process-group backend for `backend: auto|gloo|nccl` on this host.
+
+    NCCL needs a GPU of its own for every rank on the host: two ranks on one GPU fail in
+    CUDA ("invalid device ordinal") before any step. So `auto` is nccl only where there is a
+    GPU per local rank and gloo on CPU otherwise (and says so where it passes a GPU by), and
+    `nccl` without enough GPUs is a config error naming the counts.
+    """
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "nccl" and gpus < ranks_here:
+        raise RecprofError(
+            f"backend: nccl needs one GPU per rank on this host: {ranks_here} rank(s), "
+            f"{gpus} GPU(s) (backend=gloo trains on CPU)")
+    if requested != "auto":
+        return requested
+    if gpus and gpus < ranks_here and os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"backend auto: gloo on CPU: {ranks_here} ranks on this host share {gpus} GPU(s) "
+              f"(nccl needs one GPU per rank)", flush=True)
+    return "nccl" if gpus and gpus >= ranks_here else "gloo"
+
+
 def init_distributed(cfg: TrainConfig) -> torch.device:
     """env:// under torchrun; a single in-process rank when launched without it."""
-    use_nccl = cfg.backend == "nccl" or (cfg.backend == "auto" and torch.cuda.is_available())
-    backend = "nccl" if use_nccl else "gloo"
+    backend = choose_backend(cfg.backend)
+    use_nccl = backend == "nccl"
     avoid_gloo_exit_abort()  # before the group exists, or it outlives destroy_process_group
     if "RANK" in os.environ:
         dist.init_process_group(backend)
@@ -239,7 +263,8 @@ def train(
     if out is not None and is_main:
         out.mkdir(parents=True, exist_ok=True)
         metrics_fh = (out / "metrics.jsonl").open("w")
-    loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers)
+    loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers,
+                         device)
     batches = iter(loader)
     walls, loss = [], float("nan")
     with ThreadPoolExecutor(1, thread_name_prefix="nestpipe-prefetch") as stage:

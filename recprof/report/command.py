@@ -84,4 +84,4 @@ def report(
     path = write_report(result, output, cdn=cdn, source=", ".join(str(p) for p in paths))
     size = path.stat().st_size
     Console().print(f"report written to [bold]{escape(str(path))}[/] ({size / 1e6:.1f} MB)",
-                    highlight=False)
+                    highlight=False, soft_wrap=True)

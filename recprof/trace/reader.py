@@ -40,7 +40,8 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 #: 61 MB (field notes).
 MAX_DECOMPRESSED_BYTES = 4 << 30
 #: JSON nesting refused, as orjson (which wrote the analysis before) refuses it: nothing real
-#: nests beyond ten levels, and a hostile file nested deeper must fail the same way.
+#: nests beyond ten levels, and a hostile file nested deeper must fail the same way. Exact on
+#: CPython 3.11; from 3.12 the interpreter's own limit applies (_EXACT_NESTING_BOUND).
 MAX_JSON_DEPTH = 1024
 #: Inflated bytes asked for at a time from a `.gz` file: 64 KB reads took 0.26 ms for a
 #: 0.6 MB rank where 1 MB reads took 0.78 (the reader sets up a buffer of the size asked
@@ -266,9 +267,40 @@ def read_trace(path: Path) -> RawTrace:
     return RawTrace(path=path, events=events, meta=meta, data=data)
 
 
+def _frame_depth() -> int:
+    """How many Python frames are below the caller's (what its recursion limit must allow)."""
+    frame, depth = sys._getframe(1), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+def _recursion_limit_bounds_msgspec() -> bool:
+    """Whether msgspec counts nesting on Python's recursion limit (CPython 3.11) rather than on
+    the interpreter's own C-recursion limit, which `sys.setrecursionlimit` does not move
+    (CPython 3.12 on). Measured once, not read from the version number: it is the behaviour of
+    the running interpreter and msgspec build that matters."""
+    old = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(_frame_depth() + 64)
+        _ANY.decode(_DEEPEST)
+        return False
+    except RecursionError:
+        return True
+    finally:
+        sys.setrecursionlimit(old)
+
+
+#: False on CPython 3.12 and later: there nesting is refused where the interpreter's fixed
+#: C-recursion limit refuses it, still as a clear TraceFileError naming the file, but not at
+#: exactly MAX_JSON_DEPTH levels (docs/analysis.md).
+_EXACT_NESTING_BOUND = _recursion_limit_bounds_msgspec()
+
+
 def _decode_bounded(decoder: msgspec.json.Decoder, data: Any) -> Any:
     """`decoder.decode(data)`, nesting exactly MAX_JSON_DEPTH levels as orjson (and so every
-    earlier recprof) did. msgspec counts nesting on Python's recursion limit, which would
+    earlier recprof) did, where the interpreter lets us set that (_EXACT_NESTING_BOUND).
+    msgspec counts nesting on Python's recursion limit, which would
     refuse ~990 levels here, fewer under a deep caller, and any depth a raised limit allows;
     so the limit is set, for this call, to the lowest at which MAX_JSON_DEPTH levels decode
     from this very frame, found by probes of 2 KB each. Found afresh every time: how much of
@@ -276,10 +308,10 @@ def _decode_bounded(decoder: msgspec.json.Decoder, data: Any) -> Any:
     remembered from an earlier file was off by one. The search gallops up from the least
     possible limit (the answer is a few above it) before it bisects: 1 to 3 probes, where a
     bisection of the whole range took 11 (1.1 ms, a tenth of a small rank's analysis)."""
+    if not _EXACT_NESTING_BOUND:
+        return decoder.decode(data)
     old = sys.getrecursionlimit()
-    frame, depth = sys._getframe(), 0
-    while frame is not None:
-        frame, depth = frame.f_back, depth + 1
+    depth = _frame_depth()
     lo, hi = depth + MAX_JSON_DEPTH, depth + 2 * MAX_JSON_DEPTH  # the answer is in [lo, hi]
     decoded, step = False, 1
     try:

@@ -68,7 +68,7 @@ def whatif(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_bytes(orjson.dumps(result.to_document(), option=orjson.OPT_INDENT_2))
-        console.print(f"predictions written to [bold]{escape(str(json_out))}[/]")
+        console.print(f"predictions written to [bold]{escape(str(json_out))}[/]", soft_wrap=True)
 
 
 def print_whatif(result: WhatIf, console: Console) -> None:

@@ -27,6 +27,15 @@ def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _hooked_env(**extra: str) -> dict[str, str]:
+    """This environment with the hook folder put first on PYTHONPATH, the rest kept, as
+    `launcher.job_env` does: a checkout run with PYTHONPATH=. (no install) must still find
+    recprof in the rank."""
+    previous = os.environ.get("PYTHONPATH")
+    path = str(INJECT_DIR) + (os.pathsep + previous if previous else "")
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def test_injected_sitecustomize_runs_the_one_it_shadows(tmp_path: Path) -> None:
     """A job's own sitecustomize (a virtualenv's, a site's) must still run under capture."""
     theirs = tmp_path / "theirs"
@@ -44,12 +53,7 @@ def test_injected_sitecustomize_runs_the_one_it_shadows(tmp_path: Path) -> None:
 
 def test_hook_stays_quiet_outside_a_rank(tmp_path: Path) -> None:
     """The torchrun agent (no RANK, not capture's child) must not capture anything."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(INJECT_DIR),
-        layout.ENV_DIR: str(tmp_path),
-        layout.ENV_LAUNCHER_PID: "1",
-    }
+    env = _hooked_env(**{layout.ENV_DIR: str(tmp_path), layout.ENV_LAUNCHER_PID: "1"})
     env.pop("RANK", None)
     proc = _python("import sys; print('torch' in sys.modules)", env)
     assert proc.returncode == 0, proc.stderr
@@ -59,9 +63,10 @@ def test_hook_stays_quiet_outside_a_rank(tmp_path: Path) -> None:
 
 def test_hook_activates_in_a_rank_without_importing_torch(tmp_path: Path) -> None:
     """A rank's process writes its metadata at start-up but leaves `import torch` to the job."""
-    env = {**os.environ, "PYTHONPATH": str(INJECT_DIR), layout.ENV_DIR: str(tmp_path), "RANK": "3"}
+    env = _hooked_env(**{layout.ENV_DIR: str(tmp_path), "RANK": "3"})
     proc = _python("import sys; print('torch' in sys.modules)", env)
     assert proc.returncode == 0, proc.stderr
+    assert "capture inactive" not in proc.stderr, proc.stderr
     assert proc.stdout.strip() == "False"
     meta = json.loads((tmp_path / "meta" / "rank3.json").read_text())
     assert meta["rank"] == 3

