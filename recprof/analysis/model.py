@@ -358,6 +358,7 @@ class RunContext:
     steps_logged: int
     unprofiled_step_us: float | None  # median of the steps run without the profiler
     profiled_step_us: float | None  # median of the recorded steps, timed the same way
+    host_cores: int | None = None  # cores a rank could run on, as capture saw them
 
 
 @dataclass

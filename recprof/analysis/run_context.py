@@ -53,6 +53,7 @@ def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | N
         steps_logged=max((len(log) for log in logs), default=0),
         unprofiled_step_us=_median_step(logs, unprofiled=True),
         profiled_step_us=_median_step(logs, unprofiled=False),
+        host_cores=cores if isinstance(cores := meta.get("cores"), int) and cores > 0 else None,
     )
 
 

@@ -63,6 +63,7 @@ class RankMeta:
             "cwd": os.getcwd(),
             "python": platform.python_version(),
             "cpu": cpu,
+            "cores": usable_cores(),
             "env": env,
             "schedule": asdict(schedule),
             "step_source": None,
@@ -120,6 +121,13 @@ class RankMeta:
         self.data["exit"] = ended
         self.data["ended_at"] = time.time()
         self.write()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the OS has one): what the
+    what-if replay asks of a CPU rank's host (is there a core to spare per rank?)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
 
 
 def _cpu_model() -> str:

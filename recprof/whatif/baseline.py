@@ -9,7 +9,6 @@ micro-batching repeats).
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from recprof.analysis.model import JobAnalysis, RankAnalysis
+from recprof.capture.rank_meta import usable_cores
 from recprof.errors import RecprofError
 from recprof.trace.vocabulary import PURPOSE_STAGE
 from recprof.whatif.costs import LinkFit, fit_links, transfer_us
@@ -61,6 +61,12 @@ class Baseline:
     @property
     def world(self) -> int:
         return len(self.ranks)
+
+    def host_cores(self) -> int:
+        """Cores of the job's hosts: as capture recorded them in the run folder, else this
+        machine's (traces from elsewhere: the replay then assumes the job ran on one like it)."""
+        run = self.job.run
+        return run.host_cores if run is not None and run.host_cores else usable_cores()
 
     def ranks_per_host(self) -> int:
         hosts: dict[str | None, int] = defaultdict(int)
@@ -173,7 +179,4 @@ def trainer_config(job: JobAnalysis) -> tuple[object | None, str]:
         return None, f"cannot read the trainer's config ({shlex.join(argv)}): {exc}"
 
 
-def host_cores() -> int:
-    """Cores of this machine (the replay assumes the job's hosts match it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+

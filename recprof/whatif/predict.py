@@ -17,7 +17,7 @@ from typing import Any
 
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
-from recprof.whatif.baseline import Baseline, host_cores
+from recprof.whatif.baseline import Baseline
 from recprof.whatif.costs import Network
 from recprof.whatif.replay import Replay, replay
 from recprof.whatif.scenarios import (
@@ -115,9 +115,9 @@ class Predictor:
             self.shape = JobShape(base.world)
         # A CPU rank with no spare core runs its prefetch thread and its collectives' transfers
         # on the core its compute needs; a GPU rank's collectives run on the device and its
-        # host has cores to spare (assumed: the job's hosts are not this machine).
+        # host has cores to spare.
         self.spare_core = (base.job.device_kind != "cpu"
-                           or host_cores() >= 2 * base.ranks_per_host())
+                           or base.host_cores() >= 2 * base.ranks_per_host())
         self.network = Network(base.links, base.ranks_per_host(), base.world)
         self._traffic: dict[str, Traffic] = {}
         self._codec: dict[str, tuple[float, float]] = {}

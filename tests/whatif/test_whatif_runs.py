@@ -125,8 +125,10 @@ def test_unprofiled_steps_shorter_than_the_profiled_transfers_scale_the_transfer
     scaling compute alone could not reach them (the profiled transfers already took longer)
     and the prior was refused. On CPU ranks without a spare core the profiler slows the
     transfers' core too, so both are scaled. Here the real capture's unprofiled steps are
-    shortened to a quarter in its step logs (an altered copy, not a measurement) to force
-    that case."""
+    shortened to a quarter in its step logs, and its hosts' cores set in the rank metadata
+    (an altered copy, not a measurement) to force that case: two ranks on 2 cores are
+    calibrated, the same steps with 64 cores (a spare core per rank: transfers not slowed by
+    the profiler) cannot be, whichever machine runs the test."""
     copy = tmp_path / "run"
     shutil.copytree(captured, copy)
     for log in (copy / "steps").glob("*.jsonl"):
@@ -135,11 +137,20 @@ def test_unprofiled_steps_shorter_than_the_profiled_transfers_scale_the_transfer
             if row["phase"] in ("after", "unprofiled"):
                 row["wall_s"] = row["hook_s"] + (row["wall_s"] - row["hook_s"]) / 4
         log.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    proc = _whatif(str(copy), "--try", "qcomms=fp16")
+
+    def with_cores(cores: int) -> subprocess.CompletedProcess[str]:
+        for meta in (copy / "meta").glob("rank*.json"):
+            meta.write_text(json.dumps({**json.loads(meta.read_text()), "cores": cores}))
+        return _whatif(str(copy), "--try", "qcomms=fp16")
+
+    proc = with_cores(2)
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())
     assert "compute and transfers scaled" in out, out
     assert "qcomms=fp16" in out and "refused" not in out
+    spare = with_cores(64)
+    assert spare.returncode == 2 and "cannot reproduce this capture's step" in spare.stderr, (
+        spare.stdout + spare.stderr)
 
 
 def test_a_trace_without_message_sizes_is_refused_in_one_line(shared_traces: Path) -> None:
