@@ -292,8 +292,8 @@ def _recursion_limit_bounds_msgspec() -> bool:
 
 
 #: False on CPython 3.12 and later: there nesting is refused where the interpreter's fixed
-#: C-recursion limit refuses it, still as a clear TraceFileError naming the file, but not at
-#: exactly MAX_JSON_DEPTH levels (docs/analysis.md).
+#: C-recursion limit refuses it (CPython 3.12.3 read 9,998 levels, refused 9,999), still as a
+#: clear TraceFileError naming the file, but not at exactly MAX_JSON_DEPTH (docs/analysis.md).
 _EXACT_NESTING_BOUND = _recursion_limit_bounds_msgspec()
 
 
