@@ -134,11 +134,19 @@ class Predictor:
         # unprofiled step the step logs measured: the profiler slows ops, not the wire.
         # (A job that is not the trainer starts from its measured exposure: nothing to fit.)
         uncalibrated = self._replay(self.knobs, 1.0).step_us
-        contention = 1.0
-        if self.cfg is not None:
-            contention = _solve(lambda c: self._replay(
-                self.knobs, 1.0, network=dataclasses.replace(self.network, contention=c)
-            ).step_us, base.measured_step_us, *CONTENTION_RANGE)
+        contention, fitted = 1.0, False
+
+        def step_at_contention(c: float) -> float:
+            network = dataclasses.replace(self.network, contention=c)
+            return self._replay(self.knobs, 1.0, network=network).step_us
+
+        # Only a step that moves with the transfers can fit a factor to them: one whose
+        # transfers are off its critical path (a single rank; every exchange hidden) keeps 1,
+        # where the search would end at a bound and refuse a replay that already matches.
+        if self.cfg is not None and (step_at_contention(CONTENTION_RANGE[1])
+                                     > step_at_contention(CONTENTION_RANGE[0])):
+            contention = _solve(step_at_contention, base.measured_step_us, *CONTENTION_RANGE)
+            fitted = True
         self.network = dataclasses.replace(self.network, contention=contention)
         self.scale = _solve(lambda k: self._replay(self.knobs, k).step_us, target, *SCALE_RANGE)
         # A CPU rank with no spare core moves its collectives' bytes on the core the profiler
@@ -153,9 +161,9 @@ class Predictor:
 
             self.scale = _solve(joint, target, *SCALE_RANGE)
             self.network = dataclasses.replace(self.network, contention=contention * self.scale)
-        for value, (lo, hi), what in ((contention, CONTENTION_RANGE, "transfer"),
-                                      (self.scale, SCALE_RANGE, "compute")):
-            if not _inside(value, (lo, hi)):
+        for value, (lo, hi), what, solved in ((contention, CONTENTION_RANGE, "transfer", fitted),
+                                              (self.scale, SCALE_RANGE, "compute", True)):
+            if solved and not _inside(value, (lo, hi)):
                 raise RecprofError(
                     f"{base.job.id}: the replay cannot reproduce this capture's step "
                     f"({uncalibrated / 1e3:.2f} ms replayed, {base.measured_step_us / 1e3:.2f} ms "
@@ -164,7 +172,8 @@ class Predictor:
         self.calibration = (
             f"replay of the recorded baseline {uncalibrated / 1e3:.2f} ms vs measured "
             f"{base.measured_step_us / 1e3:.2f} ms (profiled)"
-            + (f": transfers x{contention:.2f} for contention; " if self.cfg else "; ")
+            + (f": transfers x{contention:.2f} for contention; " if fitted else
+               ": transfers off the critical path, no contention fitted; " if self.cfg else "; ")
             + (f"compute{' and transfers' if transfers_scaled else ''} scaled "
                f"x{self.scale:.3f} to the unprofiled step {target / 1e3:.2f} ms from the step "
                "logs" if self.calibrated else

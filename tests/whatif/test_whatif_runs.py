@@ -153,6 +153,27 @@ def test_unprofiled_steps_shorter_than_the_profiled_transfers_scale_the_transfer
         spare.stdout + spare.stderr)
 
 
+def test_a_single_rank_capture_is_calibrated_without_a_contention_factor(tmp_path: Path) -> None:
+    """One rank's exchanges never hold its step up, so no transfer factor can be fitted: the
+    search ended at its bound and refused every single-GPU capture the H100 lent on 2026-11-24
+    recorded (the replay matched the recorded step within 0.1%). Now the factor stays 1 and
+    compute is calibrated to the unprofiled steps as for any job."""
+    out = tmp_path / "run"
+    trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "1", "-m", "recprof.nestpipe", "--config", str(CONFIG),
+               "--set", f"steps={STEPS}", "--set", f"warmup_steps={WARMUP}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--no-report",
+         "--wait", str(WARMUP), "--active", str(ACTIVE), "--", *trainer],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _whatif(str(out), "--try", "qcomms=fp16")
+    assert proc.returncode == 0, proc.stderr
+    out_text = " ".join(proc.stdout.split())
+    assert "transfers off the critical path, no contention fitted; compute scaled" in out_text
+    assert "qcomms=fp16" in out_text and "refused" not in out_text
+
+
 def test_a_trace_without_message_sizes_is_refused_in_one_line(shared_traces: Path) -> None:
     proc = _whatif(str(shared_traces / "torchrec_pr1460" / "trace" / "sst_long_a2a_optimizer"))
     assert proc.returncode == 2
