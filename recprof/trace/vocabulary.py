@@ -187,7 +187,7 @@ STAGE_MEANING = {
     "embedding_lookup": "reading and pooling rows on the owning rank",
     "embedding_a2a": "sending looked-up embeddings to the ranks whose samples need them",
     "dense_forward": "the dense layers' forward (bottom/top MLP, interaction)",
-    "dense_backward": "the backward pass (TorchRec fuses the sparse update into it)",
+    "dense_backward": "the backward pass (with the sparse update where fused in, as in TorchRec)",
     "embedding_grad_a2a": "sending embedding gradients back to the rows' owners",
     "dense_allreduce": "summing dense gradients over the replicas",
     "optimizer": "dense and sparse parameter updates",

@@ -99,7 +99,15 @@ def test_golden_torchrec_report_says_what_the_job_does(golden_run: Path,
         other = job.ranks[1 - skew.straggler_rank].per_step.exposed_comm
         assert skew.straggler_cost_us_per_step <= other
     assert "hidden wait" in text and "critical path" in text
-    assert "exposed" in job.verdict.lower() or skew.straggler_rank is not None
+    # On 2 CPU ranks this job's three largest costs lie within ~0.2 ms of one another (host
+    # overhead between ops 1.7, exposed embedding all-to-all 1.5, exposed all-reduce 1.5 ms
+    # per step, one run of 2026-11-24), so which one leads moves with the host's load. What
+    # holds in every run: the verdict is the top finding's, the exposed embedding exchange is
+    # a finding, and the report shows both.
+    top = job.findings[0]
+    assert job.verdict.startswith(top.headline[0].upper() + top.headline[1:])
+    embedding = next(f for f in job.findings if f.id == "exposed_embedding_comm")
+    assert embedding.title in text and job.verdict in " ".join(text.split())
 
 
 def _pick_peer_purpose(purpose: str) -> Callable[[object], object]:
