@@ -112,9 +112,8 @@ def main() -> None:
 
     def capture_emulated(name: str) -> Path:
         """The baseline captured on the emulated cluster. `recprof capture` wraps each node's
-        torchrun (wrapped around the launcher script, it would take that Python process for
-        a one-process job: docs/capture.md, Limits), and the nodes' run folders are merged
-        into one, re-analysed from all ranks' traces."""
+        torchrun, as it runs on each node of a real cluster (docs/capture.md, Limits), and
+        the nodes' run folders are merged into one, re-analysed from all ranks' traces."""
         from emulated_cluster import EmulatedCluster
 
         trial_dir, config = prepare(name, dict(BASELINE))

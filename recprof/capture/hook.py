@@ -2,7 +2,9 @@
 
 The injected `sitecustomize` calls `activate()` in every Python process the job starts; only a
 rank's main process goes further (RANK set, or the direct child of `recprof capture` for a plain
-`python train.py`), and its children (DataLoader or compile workers) stay quiet. Nothing here
+`python train.py`, provisionally: a Python launcher looks the same until the torchrun it starts
+takes the claim over for its ranks), and its children (DataLoader or compile workers) stay
+quiet. Nothing here
 imports torch at module level: `import recprof` must stay light, and the user's script may set
 environment variables before its own `import torch`. The torch hooks are installed right after
 the job imports torch.
@@ -23,6 +25,7 @@ import gc
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -48,7 +51,7 @@ def activate() -> None:
     """Start capturing in this process if it is a rank's main process; in torchrun started by
     capture, record the ranks it reports failed; otherwise do nothing."""
     global _capture
-    if _is_captured_torchrun():
+    if _is_captured_torchrun() or _takes_over_from_a_launcher():
         run_dir = Path(os.environ[layout.ENV_DIR])
 
         def record_failures(errors: ModuleType) -> None:
@@ -56,11 +59,17 @@ def activate() -> None:
 
         sys.meta_path.insert(0, _AfterImport(torchrun_record.ERRORS_MODULE, record_failures))
         return
-    rank = _rank_of_this_process()
-    if rank is None or _capture is not None:
+    claim = _rank_of_this_process()
+    if claim is None or _capture is not None:
         return
+    rank, provisional = claim
     os.environ[layout.ENV_OWNER] = str(os.getpid())
-    _capture = RankCapture(Path(os.environ[layout.ENV_DIR]), rank, Schedule.from_env())
+    if provisional:
+        os.environ[layout.ENV_PROVISIONAL_OWNER] = str(os.getpid())
+    else:
+        os.environ.pop(layout.ENV_PROVISIONAL_OWNER, None)
+    _capture = RankCapture(Path(os.environ[layout.ENV_DIR]), rank, Schedule.from_env(),
+                           provisional=provisional)
     _capture.install()
 
 
@@ -70,16 +79,37 @@ def step() -> None:
         _capture.clock.manual_step()
 
 
-def _rank_of_this_process() -> int | None:
-    """The rank this process captures, or None when it must stay quiet."""
+def _rank_of_this_process() -> tuple[int, bool] | None:
+    """The rank this process captures and whether the claim is provisional, or None when it
+    must stay quiet."""
     owner = os.environ.get(layout.ENV_OWNER)
     if owner and owner != str(os.getpid()):
         return None  # a child of a capturing process
     if "RANK" in os.environ:
-        return int(os.environ["RANK"])
+        return int(os.environ["RANK"]), False
     if os.environ.get(layout.ENV_LAUNCHER_PID) == str(os.getppid()) and not _is_torch_launcher():
-        return 0  # `recprof capture -- python train.py`: a one-process job
+        # `recprof capture -- python train.py`: a one-process job, or a Python launcher that
+        # will start torchrun (which then takes the claim over for its ranks).
+        return 0, True
     return None
+
+
+def _takes_over_from_a_launcher() -> bool:
+    """In a torchrun started, at any depth, under the provisional rank 0 of a Python launcher
+    (`recprof capture -- python launch.py`): hand the claim to this torchrun's ranks. The
+    owner variables go from this process's environment, which its workers inherit, and the
+    launcher is marked superseded so it stops writing as rank 0."""
+    owner = os.environ.get(layout.ENV_OWNER)
+    if not (_is_torch_launcher() and owner
+            and os.environ.get(layout.ENV_PROVISIONAL_OWNER) == owner):
+        return False
+    try:
+        layout.superseded_path(Path(os.environ[layout.ENV_DIR]), int(owner)).touch()
+    except (OSError, ValueError) as exc:
+        print(f"[recprof] torchrun's ranks stay uncaptured: {exc!r}", file=sys.stderr)
+        return False
+    del os.environ[layout.ENV_OWNER], os.environ[layout.ENV_PROVISIONAL_OWNER]
+    return True
 
 
 def _is_captured_torchrun() -> bool:
@@ -141,9 +171,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 class RankCapture:
     """One rank under capture: its step clock, profiler window, metadata, and how it ends."""
 
-    def __init__(self, run_dir: Path, rank: int, schedule: Schedule) -> None:
+    def __init__(self, run_dir: Path, rank: int, schedule: Schedule,
+                 provisional: bool = False) -> None:
         self.run_dir = run_dir
         self.rank = rank
+        self.provisional = provisional
         host = socket.gethostname()
         for sub in (layout.TRACES, layout.STEPS, layout.META):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -154,6 +186,7 @@ class RankCapture:
             host,
             schedule,
             steps_logged=lambda: self.clock.steps_logged,
+            superseded=self.superseded,
         )
         self.window = ProfilerWindow(run_dir, host, schedule, self.meta, self.voice)
         self.clock = StepClock(
@@ -167,6 +200,11 @@ class RankCapture:
         self.exit: dict[str, Any] | None = None
         self.exit_code: int | None = None
         self._fatal_file: Any = None  # kept open: faulthandler writes to its descriptor
+
+    def superseded(self) -> bool:
+        """Whether this provisional rank 0 turned out to be the launcher of a torchrun, whose
+        own rank 0 now writes the rank's files."""
+        return self.provisional and layout.superseded_path(self.run_dir, os.getpid()).exists()
 
     # ---- set-up ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -241,11 +279,30 @@ class RankCapture:
         if self.closed:
             return
         self.closed = True
+        if self.superseded():
+            self._withdraw()
+            return
         self.window.close()
         ended = self.exit or {"status": ExitStatus.COMPLETED, "code": self.exit_code or 0}
         self.clock.close()
         self.meta.record_exit(ended)
         self.voice.event(EventKind.EXIT, **ended)
+
+    def _withdraw(self) -> None:
+        """A launcher's provisional rank 0 leaves nothing behind: its files go unless the
+        torchrun's own rank 0 (another pid) has written them since (on a node without rank 0,
+        nobody has, and they would report a rank 0 that never stepped)."""
+        self.clock.close()
+        meta = layout.meta_path(self.run_dir, self.rank)
+        try:
+            ours = json.loads(meta.read_text()).get("pid") == os.getpid()
+        except (OSError, ValueError):
+            ours = False
+        if ours:
+            for path in (meta, layout.steps_path(self.run_dir, self.rank),
+                         layout.fatal_path(self.run_dir, self.rank)):
+                path.unlink(missing_ok=True)
+        layout.superseded_path(self.run_dir, os.getpid()).unlink(missing_ok=True)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """Save what we can, then die by the signal as the default handler would have.

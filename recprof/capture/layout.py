@@ -26,6 +26,10 @@ ENV_WITH_STACK = "RECPROF_CAPTURE_WITH_STACK"
 ENV_LAUNCHER_PID = "RECPROF_CAPTURE_LAUNCHER_PID"
 # Set by the process that activated; its children (DataLoader/compile workers) stay quiet.
 ENV_OWNER = "RECPROF_CAPTURE_OWNER"
+# Set beside ENV_OWNER when the owner is rank 0 only for being capture's direct child with no
+# RANK: a Python launcher looks the same. A torchrun started under it takes the claim back
+# for its ranks (hook.py) and marks the owner superseded (`superseded_path`).
+ENV_PROVISIONAL_OWNER = "RECPROF_CAPTURE_PROVISIONAL_OWNER"
 
 
 class Phase(enum.StrEnum):
@@ -221,6 +225,11 @@ def read_step_log(run_dir: Path, rank: int) -> list[StepRecord]:
 def meta_path(run_dir: Path, rank: int) -> Path:
     """Metadata of one rank, rewritten whenever it learns something (start, window, exit)."""
     return run_dir / META / f"rank{rank}.json"
+
+
+def superseded_path(run_dir: Path, pid: int) -> Path:
+    """Marks a provisional rank 0 (pid) as the launcher of a torchrun whose ranks capture."""
+    return run_dir / META / f"superseded.{pid}"
 
 
 def torchrun_path(run_dir: Path) -> Path:

@@ -44,10 +44,12 @@ class RankMeta:
         host: str,
         schedule: Schedule,
         steps_logged: Callable[[], int],
+        superseded: Callable[[], bool] = lambda: False,
     ) -> None:
         self.path = path
         self.schedule = schedule
         self.steps_logged = steps_logged
+        self.superseded = superseded  # a launcher's provisional rank 0 stops writing
         env = {
             k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES
         }
@@ -76,7 +78,10 @@ class RankMeta:
         return ProfilerStatus(self.data["profiler"]["status"])
 
     def write(self) -> None:
-        """Rewrite the file with what is known now."""
+        """Rewrite the file with what is known now (nothing, once superseded: the file is
+        then the real rank 0's)."""
+        if self.superseded():
+            return
         self.data["steps_logged"] = self.steps_logged()
         self.data["window_steps"] = self.schedule.window_steps
         layout.write_json_atomic(self.path, self.data)

@@ -216,6 +216,48 @@ def test_custom_loop_with_recprof_step_in_a_plain_python_job(tmp_path: Path) -> 
     assert manifest(out)["captured"]["traces"] == 1
 
 
+def test_a_python_launcher_that_starts_torchrun_gives_the_ranks_their_own_captures(
+        tmp_path: Path) -> None:
+    """`recprof capture -- python launch.py`, where launch.py starts torchrun (as torchx and
+    many job scripts do): the launcher is capture's direct child without a RANK, so it is first
+    taken for a one-process job; the torchrun under it hands the claim to its ranks. Before,
+    the launcher became a rank 0 that never stepped and its owner variable silenced both
+    ranks: no trace at all."""
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(
+        "import subprocess, sys\n"
+        f"sys.exit(subprocess.call({[*TORCHRUN, '2', str(TINY_JOB), '--steps', '6']!r}))\n")
+    out = tmp_path / "run"
+    proc = run_capture(out, (1, 1, 2), sys.executable, str(launcher))
+    assert_finished(proc)
+    man = manifest(out)
+    assert man["captured"] == {"traces": 2, "step_logs": 2, "meta": 2}, explain(proc)
+    assert man["missing"] == []
+    launcher_pid = man["job_pid"]
+    for rank in (0, 1):
+        m = meta(out, rank)
+        assert m["pid"] != launcher_pid and m["step_source"] == "optimizer"
+        assert [s["step"] for s in step_log(out, rank)][:5] == [0, 1, 2, 3, 4]
+    assert sorted(p.name for p in (out / "meta").iterdir()) == [
+        "rank0.fatal.txt", "rank0.json", "rank1.fatal.txt", "rank1.json"]  # no superseded.*
+
+
+def test_a_launcher_whose_torchrun_starts_no_rank_leaves_no_phantom_rank_0(
+        tmp_path: Path) -> None:
+    """The launcher's provisional rank 0 withdraws its files when no rank of the torchrun
+    under it wrote them (here torchrun only prints its help; on a real cluster, a node
+    without rank 0): the manifest then says no rank started, not that rank 0 never stepped."""
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(
+        "import subprocess, sys\n"
+        f"sys.exit(subprocess.call({[*TORCHRUN[:3], '--help']!r}, stdout=subprocess.DEVNULL))\n")
+    out = tmp_path / "run"
+    proc = run_capture(out, (1, 1, 2), sys.executable, str(launcher))
+    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert list((out / "meta").iterdir()) == [] and list((out / "steps").iterdir()) == []
+    assert manifest(out)["missing"][0].startswith("no rank started capturing")
+
+
 def test_crash_on_one_rank_keeps_what_was_written(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_capture(
