@@ -41,6 +41,7 @@ from recprof.analysis.frameworks import knobs_of
 CONTROL = "hta/trace_diff/control"
 NEG_QUEUE = "hta/negative_queue_length_values_check"
 RESNET50_2021 = "kineto_tb_plugin/2021-06/resnet50_num_workers_0"
+RESNET50_2021_01 = "kineto_tb_plugin/2021-01/resnet50_num_workers_0"
 H100 = "tracelens/h100"
 CPU_ONLY = "hta/cpu_only"
 
@@ -114,6 +115,14 @@ def test_host_idle(facts_of: Callable[[str], JobFacts]) -> None:
     launch = _check(rule_host_idle(facts_of("sst4")), facts_of("sst4"))
     assert "launch" in launch.headline and launch.knobs == ["torch.compile", "CUDA graphs"]
     assert rule_host_idle(facts_of(H100)) is None
+    # Both causes above the thresholds (launch 58 ms, DataLoader 47 ms of a 214 ms step with
+    # num_workers=0): both named, both remedied, the larger first.
+    both = _check(rule_host_idle(facts_of(RESNET50_2021_01)), facts_of(RESNET50_2021_01))
+    assert both.headline.startswith("the device idles 49% of the step (105 ms per step) on the "
+                                    "host: host-bound launch 58 ms and input data 47 ms"), \
+        both.headline
+    assert both.knobs[:2] == ["torch.compile", "CUDA graphs"]
+    assert "DataLoader num_workers" in both.knobs
 
 
 def test_nothing_wrong(facts_of: Callable[[str], JobFacts]) -> None:
