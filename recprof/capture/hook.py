@@ -3,11 +3,10 @@
 The injected `sitecustomize` calls `activate()` in every Python process the job starts; only a
 rank's main process goes further (RANK set, or the direct child of `recprof capture` for a plain
 `python train.py`, provisionally: a Python launcher looks the same until the torchrun it starts
-takes the claim over for its ranks), and its children (DataLoader or compile workers) stay
-quiet. Nothing here
-imports torch at module level: `import recprof` must stay light, and the user's script may set
-environment variables before its own `import torch`. The torch hooks are installed right after
-the job imports torch.
+takes the claim over for its ranks), and its children (DataLoader or compile workers) stay quiet.
+Nothing here imports torch at module level: `import recprof` must stay light, and the user's script
+may set environment variables before its own `import torch`. The torch hooks are installed right
+after the job imports torch.
 
 This module wires the pieces and records how the rank ends; each piece has one job:
 - `step_clock`: where step boundaries come from, and the step log;
