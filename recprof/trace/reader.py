@@ -298,16 +298,16 @@ _EXACT_NESTING_BOUND = _recursion_limit_bounds_msgspec()
 
 
 def _decode_bounded(decoder: msgspec.json.Decoder, data: Any) -> Any:
-    """`decoder.decode(data)`, nesting exactly MAX_JSON_DEPTH levels as orjson (and so every
-    earlier recprof) did, where the interpreter lets us set that (_EXACT_NESTING_BOUND).
-    msgspec counts nesting on Python's recursion limit, which would
-    refuse ~990 levels here, fewer under a deep caller, and any depth a raised limit allows;
-    so the limit is set, for this call, to the lowest at which MAX_JSON_DEPTH levels decode
-    from this very frame, found by probes of 2 KB each. Found afresh every time: how much of
-    the limit a call path uses changes as the interpreter specialises its calls, so a limit
-    remembered from an earlier file was off by one. The search gallops up from the least
-    possible limit (the answer is a few above it) before it bisects: 1 to 3 probes, where a
-    bisection of the whole range took 11 (1.1 ms, a tenth of a small rank's analysis)."""
+    """`decoder.decode(data)`, nesting exactly MAX_JSON_DEPTH levels as orjson (and so every earlier
+    recprof) did, where the interpreter lets us set that (_EXACT_NESTING_BOUND). msgspec counts
+    nesting on Python's recursion limit, which would refuse ~990 levels here, fewer under a deep
+    caller, and any depth a raised limit allows; so the limit is set, for this call, to the
+    lowest at which MAX_JSON_DEPTH levels decode from this very frame, found by probes of 2 KB
+    each. Found afresh every time: how much of the limit a call path uses changes as the
+    interpreter specialises its calls, so a limit remembered from an earlier file was off by
+    one. The search gallops up from the least possible limit (the answer is a few above it)
+    before it bisects: 1 to 3 probes, where a bisection of the whole range took 11 (1.1 ms, a
+    tenth of a small rank's analysis)."""
     if not _EXACT_NESTING_BOUND:
         return decoder.decode(data)
     old = sys.getrecursionlimit()

@@ -177,6 +177,3 @@ def trainer_config(job: JobAnalysis) -> tuple[object | None, str]:
         return load_config(config, overrides), ""
     except (RecprofError, OSError) as exc:  # the trainer's knobs are then refused, saying why
         return None, f"cannot read the trainer's config ({shlex.join(argv)}): {exc}"
-
-
-
