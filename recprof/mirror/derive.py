@@ -144,11 +144,32 @@ def derive(job: JobAnalysis) -> Mirror:
         mirror.defaults[key] = f"{mirror.values[key]!r} (the trace does not show it)"
     _derive_model(mirror, job, world, shapes, linears)
     mirror.footprint = footprint(job, shapes)
+    _fit_key_skew(mirror, world)
     hosts = {r.host for r in job.ranks if r.host}
     mirror.notes.append(f"world size {world} on {max(len(hosts), 1)} host(s): run the mirror "
                         f"with --nproc-per-node {world}")
     _check(mirror, world)
     return mirror
+
+
+def _fit_key_skew(mirror: Mirror, world: int) -> None:
+    """`zipf_alpha` fitted to the capture's exchange bytes (recprof/mirror/keys.py)."""
+    from recprof.mirror.keys import fit_zipf_alpha
+
+    assert mirror.footprint is not None
+    target = mirror.footprint.exchange_bytes
+    if target <= 0:
+        return
+    try:
+        cfg = TrainConfig(**mirror.values)
+        alpha, got = fit_zipf_alpha(cfg, world, target)
+    except ImportError:  # the traffic model draws the trainer's batches, which needs torch
+        return
+    reached = (f"{got / target:.2f}x: the trainer's exchange is smaller than the job's even with "
+               "near-uniform keys" if got < 0.9 * target else f"{got:,.0f} B")
+    mirror.set("zipf_alpha", alpha,
+               f"fitted so the trainer's all-to-alls carry the capture's {target:,.0f} B per "
+               f"step and rank ({reached}); a trace shows bytes, not which ids repeat")
 
 
 def _derive_model(mirror: Mirror, job: JobAnalysis, world: int, shapes: list[RankShape],

@@ -43,6 +43,13 @@ class RankTraffic:
     rows_requested: float = 0.0  # unique rows this rank fetches per step (all chunks)
     rows_applied: float = 0.0  # rows this rank's optimizer updates (its touched shard rows)
 
+    def all_to_all_bytes(self, fwd_row: int, bwd_row: int) -> float:
+        """Bytes of every all-to-all this rank takes part in per step (routing, fetches,
+        gradients, DBP's refresh), at `fwd_row`/`bwd_row` bytes per row (`wire_bytes`)."""
+        return (sum(self.key_routing) + sum(self.rows_fwd) * fwd_row
+                + sum(self.rows_bwd) * bwd_row + sum(self.refresh_keys)
+                + self.refresh_rows * (KEY_BYTES + fwd_row))
+
 
 def wire_bytes(cfg: TrainConfig) -> tuple[int, int, int]:
     """Bytes per row on the wire under `cfg`: forward rows, backward gradients, and an HSP

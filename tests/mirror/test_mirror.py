@@ -18,7 +18,8 @@ import yaml
 from recprof.analysis import analyze_paths
 from recprof.errors import RecprofError
 from recprof.mirror.derive import derive
-from recprof.nestpipe.config import load_config
+from recprof.mirror.keys import exchange_bytes
+from recprof.nestpipe.config import TrainConfig, load_config
 
 pytest.importorskip("torch")
 
@@ -77,6 +78,10 @@ def test_footprint_is_the_captured_exchange(trainer_run: Path) -> None:
     assert mirror.footprint.all_to_alls == pytest.approx(sum(c.count_per_step for c in a2a))
     assert mirror.footprint.exchange_bytes > 0
     assert mirror.exact_dense  # the trainer's own architecture: widths copied, not fitted
+    # The key skew, which no trace shows, is fitted so the mirror exchanges what was captured.
+    assert mirror.sources["zipf_alpha"].startswith("fitted so the trainer's all-to-alls carry")
+    assert exchange_bytes(TrainConfig(**mirror.values), 2) == pytest.approx(
+        mirror.footprint.exchange_bytes, rel=0.02)
 
 
 def test_single_rank_is_refused_with_the_reason(trainer_run: Path) -> None:

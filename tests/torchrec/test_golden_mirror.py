@@ -10,6 +10,8 @@ from test_golden_stages import BATCH, DIM, EXPECTED_BYTES, FEATURES, WORLD
 
 from recprof.analysis import load_analysis_json
 from recprof.mirror.derive import derive
+from recprof.mirror.keys import exchange_bytes
+from recprof.nestpipe.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
@@ -30,4 +32,9 @@ def test_mirror_is_the_golden_jobs_shape(golden_run: Path) -> None:
     # what the mirror must reproduce: the five purposes' bytes per step and rank
     assert mirror.footprint.exchange_bytes == pytest.approx(sum(EXPECTED_BYTES.values()))
     assert mirror.footprint.all_to_alls == pytest.approx(5)
+    # RandomRecDataset draws ids uniformly; at the default skew (1.1) the mirror exchanged
+    # 0.80x the job's bytes, so the skew is fitted: near-uniform, within 2% of the job's.
+    assert mirror.values["zipf_alpha"] < 0.5
+    assert exchange_bytes(TrainConfig(**mirror.values), WORLD) == pytest.approx(
+        mirror.footprint.exchange_bytes, rel=0.02)
     assert 0 < mirror.footprint.fused_sparse_us < mirror.footprint.dense_us
