@@ -87,9 +87,10 @@ def main() -> None:
             ("all-to-alls", original.all_to_alls, copy.all_to_alls, "{:g}")):
         table.add_row(label, fmt.format(a), fmt.format(b), f"{b / a:.2f}x" if a else "n/a")
     overrides = f"; mirror run with {', '.join(args.mirror_set)}" if args.mirror_set else ""
+    fused = (f"; dense fwd+bwd excludes TorchRec's fused sparse update "
+             f"({original.fused_sparse_us / 1e3:.2f} ms)" if original.fused_sparse_us else "")
     terminal.print_table(Console(), table, (
-        f"{args.job} on {args.world} ranks; dense fwd+bwd excludes TorchRec's fused sparse "
-        f"update ({original.fused_sparse_us / 1e3:.2f} ms){overrides}; runs kept in {work}"))
+        f"{args.job} on {args.world} ranks{fused}{overrides}; runs kept in {work}"))
     for line in mirror.notes:
         Console().print(line, highlight=False)
 
