@@ -12,7 +12,10 @@ examples/ddp_sharded_embedding.py):
 - `aten::embedding`: weight `[rows, dim]`: the dim (pooling, if any, is done by later ops);
 - `aten::embedding_bag`: weight `[rows, dim]`, indices, offsets `[bags]`: dim and pooling (the
   rows are the table's only where the job looks up its own shard; the built-in trainer looks up
-  a gathered block of unique rows).
+  a gathered block of unique rows);
+- `aten::sum` / `aten::mean` over a 4-D input `[batch, features, bag, dim]`: pooling done by
+  hand after `aten::embedding` (examples/ddp_sharded_embedding.py sums `[512, 8, 4, 32]` over
+  its bag axis), so the features and the ids per bag.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ class RankShape:
     # (rows, dim, indices, bags) of one step's aten::embedding_bag calls
     embeddings: list[tuple[int, int]] = field(default_factory=list)
     # (rows, dim) of one step's aten::embedding calls (pooled, if at all, by later ops)
+    pooled: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # (batch, features, bag, dim) of one step's sums or means over a 4-D input
     fused_sparse_us: float = 0.0  # per step: TorchRec's sparse update inside the backward
 
 
@@ -101,7 +106,9 @@ def _table_batch(dims: list[Any]) -> TableBatch | None:
 
 
 #: The ops whose input shapes say what the model is (the module docstring).
-_SHAPE_OPS = frozenset({"aten::linear", TBE_FORWARD_CPU, "aten::embedding", "aten::embedding_bag"})
+_POOLING_OPS = frozenset({"aten::sum", "aten::mean"})
+_SHAPE_OPS = frozenset({"aten::linear", TBE_FORWARD_CPU, "aten::embedding", "aten::embedding_bag",
+                        *_POOLING_OPS})
 
 
 def _is_time(value: Any) -> bool:
@@ -152,6 +159,10 @@ def read_rank_shape(path: Path) -> RankShape:
             w, idx, off = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
             if w and len(w) == 2 and idx and off:
                 shape.embedding_bags.append((w[0], w[1], idx[0], off[0]))
+        elif name in _POOLING_OPS:
+            x = _shape(dims, 0)
+            if x and len(x) == 4:
+                shape.pooled.append((x[0], x[1], x[2], x[3]))
     return shape
 
 

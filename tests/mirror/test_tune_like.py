@@ -61,6 +61,11 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     assert header[0] == f"# recprof mirror of job {job.id} ({run})"
     values = yaml.safe_load(mirror.read_text())
     assert values["batch_size"] == 256 and values["num_dense"] == 13
+    # The example pools [batch, 8 features, 4 ids, dim] by hand (its default --features and
+    # --bag): the trainer's bag_size draws 1..7 ids, 4 on average.
+    assert (values["num_features"], values["bag_size"]) == (8, 7)
+    assert any(ln.startswith("# bag_size: aten::sum over [batch, features, bag, dim] = "
+                             "[128, 8, 4, 32]") for ln in header), header
     assert any("calibrated in" in ln for ln in header), header  # DDP's dense is not DLRM's
     html = (out / "tuning_report.html").read_text()
     assert f"mirrors job {job.id}" in html
