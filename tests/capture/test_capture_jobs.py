@@ -216,6 +216,18 @@ def test_custom_loop_with_recprof_step_in_a_plain_python_job(tmp_path: Path) -> 
     assert manifest(out)["captured"]["traces"] == 1
 
 
+def _capture_a_launcher(tmp_path: Path, torchrun: list[str], *call_options: str
+                        ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`recprof capture -- python launch.py`, where launch.py runs `torchrun` in a child
+    process (with `call_options` for `subprocess.call`) and exits with its status."""
+    launcher = tmp_path / "launch.py"
+    options = "".join(f", {o}" for o in call_options)
+    launcher.write_text("import subprocess, sys\n"
+                        f"sys.exit(subprocess.call({torchrun!r}{options}))\n")
+    out = tmp_path / "run"
+    return out, run_capture(out, (1, 1, 2), sys.executable, str(launcher))
+
+
 def test_a_python_launcher_that_starts_torchrun_gives_the_ranks_their_own_captures(
         tmp_path: Path) -> None:
     """`recprof capture -- python launch.py`, where launch.py starts torchrun (as torchx and
@@ -223,12 +235,7 @@ def test_a_python_launcher_that_starts_torchrun_gives_the_ranks_their_own_captur
     taken for a one-process job; the torchrun under it hands the claim to its ranks. Before,
     the launcher became a rank 0 that never stepped and its owner variable silenced both
     ranks: no trace at all."""
-    launcher = tmp_path / "launch.py"
-    launcher.write_text(
-        "import subprocess, sys\n"
-        f"sys.exit(subprocess.call({[*TORCHRUN, '2', str(TINY_JOB), '--steps', '6']!r}))\n")
-    out = tmp_path / "run"
-    proc = run_capture(out, (1, 1, 2), sys.executable, str(launcher))
+    out, proc = _capture_a_launcher(tmp_path, [*TORCHRUN, "2", str(TINY_JOB), "--steps", "6"])
     assert_finished(proc)
     man = manifest(out)
     assert man["captured"] == {"traces": 2, "step_logs": 2, "meta": 2}, explain(proc)
@@ -247,12 +254,8 @@ def test_a_launcher_whose_torchrun_starts_no_rank_leaves_no_phantom_rank_0(
     """The launcher's provisional rank 0 withdraws its files when no rank of the torchrun
     under it wrote them (here torchrun only prints its help; on a real cluster, a node
     without rank 0): the manifest then says no rank started, not that rank 0 never stepped."""
-    launcher = tmp_path / "launch.py"
-    launcher.write_text(
-        "import subprocess, sys\n"
-        f"sys.exit(subprocess.call({[*TORCHRUN[:3], '--help']!r}, stdout=subprocess.DEVNULL))\n")
-    out = tmp_path / "run"
-    proc = run_capture(out, (1, 1, 2), sys.executable, str(launcher))
+    out, proc = _capture_a_launcher(tmp_path, [*TORCHRUN[:3], "--help"],
+                                    "stdout=subprocess.DEVNULL")
     assert proc.returncode == NO_TRACE_EXIT, explain(proc)
     assert list((out / "meta").iterdir()) == [] and list((out / "steps").iterdir()) == []
     assert manifest(out)["missing"][0].startswith("no rank started capturing")
