@@ -513,27 +513,28 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     launch = _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in LAUNCH_CAUSES)
                    for r in facts.ranks)
     host = data + launch
-    if host < IDLE_MIN_US or host < IDLE_MIN_FRACTION * step:
+    floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)  # what a cause must reach to count
+    if host < floor:
         return None
     cpu = facts.device_kind == "cpu"
     launch_words = "host overhead between ops" if cpu else "host-bound launch"
+    idles = (f"the {'main thread' if cpu else 'device'} idles {_pct(host, step):.0f}% of the "
+             f"step ({_ms(host)} per step)")
     # The smaller cause gets its own remedies too where it alone would pass the thresholds:
     # a ResNet50 on V100 (kineto_tb_plugin 2021-01, num_workers=0) idled 58 ms per 214 ms
     # step on launches and 47 ms on its DataLoader, and was told only about launches.
-    both = min(data, launch) >= max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)
+    both = min(data, launch) >= floor
     if both:
         mechanisms = (DATA, LAUNCH) if data >= launch else (LAUNCH, DATA)
         causes = sorted(((data, "input data"), (launch, launch_words)), reverse=True)
         title = ("Main thread waiting for input data and between ops" if cpu else
                  "Device idle, waiting for input data and for the host to launch work")
-        headline = (f"the {'main thread' if cpu else 'device'} idles {_pct(host, step):.0f}% "
-                    f"of the step ({_ms(host)} per step) on the host: "
-                    + " and ".join(f"{words} {_ms(us)}" for us, words in causes))
+        headline = f"{idles} on the host: " + " and ".join(
+            f"{words} {_ms(us)}" for us, words in causes)
     elif data >= launch:
         mechanisms = (DATA,)
         title = "Device idle, waiting for input data"
-        headline = (f"the {'main thread' if cpu else 'device'} idles {_pct(host, step):.0f}% of "
-                    f"the step ({_ms(host)} per step) waiting for input data")
+        headline = f"{idles} waiting for input data"
     else:
         mechanisms = (LAUNCH,)
         if cpu:
@@ -542,8 +543,7 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
                         f"({_ms(host)} per step) between ops, in Python and framework overhead")
         else:
             title = "Device idle, waiting for the host to launch work"
-            headline = (f"the device idles {_pct(host, step):.0f}% of the step ({_ms(host)} per "
-                        f"step) waiting for the host to launch work")
+            headline = f"{idles} waiting for the host to launch work"
     remedy_words = ("feeding the steps and cutting the host overhead" if both else
                     "feeding the steps" if data >= launch else "cutting that overhead")
     return _finding(
