@@ -184,6 +184,11 @@ def _rel(path: str | None, start: Path) -> str | None:
     return os.path.relpath(path, start) if path else None
 
 
+def _samples_cell(samples: float | None) -> Cell:
+    """A samples/s figure (measured, predicted or re-fitted), blank where there is none."""
+    return Cell("" if samples is None else f"{samples:,.1f}", sort=samples, css="num")
+
+
 def _trial_row(
     t: FrozenTrial, rec: TrialRecord, base_value: float | None, start: Path
 ) -> list[Cell]:
@@ -202,11 +207,7 @@ def _trial_row(
         Cell(str(t.number), sort=t.number),
         Cell(status),
         Cell(knobs_text(rec.knobs or t.params), css="name"),
-        Cell("" if value is None else f"{value:,.1f}", sort=value, css="num"),
-        Cell("" if rec.predicted is None else f"{rec.predicted:,.1f}", sort=rec.predicted,
-             css="num"),
-        Cell("" if rec.refitted is None else f"{rec.refitted:,.1f}", sort=rec.refitted,
-             css="num"),
+        *(_samples_cell(x) for x in (value, rec.predicted, rec.refitted)),
         Cell(
             "" if value is None or not base_value else f"{value / base_value:.2f}x",
             sort=value / base_value if value is not None and base_value else None,
