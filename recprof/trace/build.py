@@ -259,6 +259,14 @@ def _no_collection() -> Iterator[None]:
 _Fields = tuple[float, float, str, str, Any, Any]  # ts, dur, cat, name, pid, tid
 
 
+def _loose_id(raw: RawTrace, value: Any, ids: dict[int | str, int | str]) -> Any:
+    """A pid or tid read loosely: an integer in range kept (one object per id), anything else
+    through sanitize (False where unusable)."""
+    if type(value) is int and -_MAX_ID <= value <= _MAX_ID:
+        return ids.setdefault(value, value)
+    return sanitize.identity(raw.scalar(value))
+
+
 def _loose_fields(raw: RawTrace, ev: CheckedEvent | TraceEvent, ids: dict[int | str, int | str],
                   skipped: Counter[str]) -> _Fields | None:
     """A complete event's fields when any is outside `CheckedEvent`'s checks (or missing),
@@ -278,14 +286,7 @@ def _loose_fields(raw: RawTrace, ev: CheckedEvent | TraceEvent, ids: dict[int | 
     cat, name, pid, tid = ev.cat, ev.name, ev.pid, ev.tid
     cat = cat if type(cat) is str and cat else sanitize.text(raw.scalar(cat) or None)
     name = sanitize.text(raw.scalar(name) or None)
-    if type(pid) is int and -_MAX_ID <= pid <= _MAX_ID:
-        pid = ids.setdefault(pid, pid)
-    else:
-        pid = sanitize.identity(raw.scalar(pid))
-    if type(tid) is int and -_MAX_ID <= tid <= _MAX_ID:
-        tid = ids.setdefault(tid, tid)
-    else:
-        tid = sanitize.identity(raw.scalar(tid))
+    pid, tid = _loose_id(raw, pid, ids), _loose_id(raw, tid, ids)
     if cat is None or name is None or pid is False or tid is False:
         skipped["unreadable"] += 1
         return None
