@@ -21,6 +21,7 @@ import yaml
 
 from recprof.analysis.model import JobAnalysis
 from recprof.errors import RecprofError
+from recprof.mirror.keys import fit_zipf_alpha
 from recprof.mirror.shape import Linear, RankShape, most_common, read_rank_shape
 from recprof.nestpipe.config import TrainConfig, validate
 
@@ -155,8 +156,6 @@ def derive(job: JobAnalysis) -> Mirror:
 
 def _fit_key_skew(mirror: Mirror, world: int) -> None:
     """`zipf_alpha` fitted to the capture's exchange bytes (recprof/mirror/keys.py)."""
-    from recprof.mirror.keys import fit_zipf_alpha
-
     assert mirror.footprint is not None
     target = mirror.footprint.exchange_bytes
     if target <= 0:
