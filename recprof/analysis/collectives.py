@@ -60,6 +60,18 @@ class CollectiveRecords:
     def __len__(self) -> int:
         return int(self.start.size)
 
+    def queued_us(self) -> np.ndarray:
+        """Per instance, how long after its start the rank's earlier collectives were still
+        moving data (up to its own end): time it spent behind them on the rank's link, not
+        on its own bytes. gloo and NCCL run a rank's collectives over shared links, so an
+        all-reduce posted while an all-to-all is in flight lasts until after it."""
+        order = np.argsort(self.start, kind="stable")
+        ends = self.end[order]
+        before = np.maximum.accumulate(np.concatenate(([-np.inf], ends[:-1])))
+        queued = np.zeros(len(self))
+        queued[order] = np.clip(np.minimum(before, ends) - self.start[order], 0.0, None)
+        return queued
+
     def call_keys(self) -> list[CallKey]:
         """Each instance's key: its step, group, kind and how many of those came before."""
         counters: dict[tuple[int, str, str], int] = defaultdict(int)
@@ -134,6 +146,7 @@ def job_collectives(
     for rank, records in sorted(per_rank.items()):
         for key, exposed in records.exposed_by_key.items():
             acc[key]["exposed"] += exposed
+        queued = records.queued_us()
         for i, call in enumerate(records.call_keys()):
             key = records.stats_key(i)
             dur = float(records.end[i] - records.start[i])
@@ -151,7 +164,8 @@ def job_collectives(
                     samples.append(CollectiveSample(
                         rank, key[0], key[1], nbytes, dur, alg, alg * bus_factor(key[0], size),
                         step=call[0] if call[0] >= 0 else None, index=call[3],
-                        wait_us=waits.get(call, {}).get(rank), purpose=key[2]))
+                        wait_us=waits.get(call, {}).get(rank), purpose=key[2],
+                        queued_us=float(queued[i])))
                 seen += 1
     stats = []
     for (kind, group, purpose), a in acc.items():

@@ -181,6 +181,8 @@ class CollectiveSample:
     index: int = 0  # n-th of its kind and group in the step: joins with skew.matched
     wait_us: float | None = None  # this rank's wait in it for later ranks; None if unmatched
     purpose: str = "unknown"
+    #: Time behind the rank's earlier collectives still in flight (`CollectiveRecords.queued_us`)
+    queued_us: float = 0.0
 
 
 @dataclass

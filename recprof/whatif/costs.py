@@ -1,11 +1,12 @@
 """Communication cost per collective kind, fitted on the run's own collective instances.
 
-Each instance's transfer is its duration minus the time it spent waiting for later ranks (the
-analysis' cross-rank matching); a line `latency + bytes / bandwidth` is fitted per kind by
-non-negative least squares. A kind seen at one message size cannot separate latency from
-bandwidth: it takes the link's bandwidth from the best-spread kind (converted with nccl-tests'
-bus factors, since an all-reduce moves 2(n-1)/n of its bytes per rank and an all-to-all
-(n-1)/n) and keeps its own latency. Each fit says what it rests on.
+Each instance's transfer is its duration minus the longer of the time it spent waiting for
+later ranks (the analysis' cross-rank matching) and the time it sat behind the rank's earlier
+collectives still in flight (the replay queues those itself); a line `latency + bytes /
+bandwidth` is fitted per kind by non-negative least squares. A kind seen at one message size
+cannot separate latency from bandwidth: it takes the link's bandwidth from the best-spread kind
+(converted with nccl-tests' bus factors, since an all-reduce moves 2(n-1)/n of its bytes per
+rank and an all-to-all (n-1)/n) and keeps its own latency. Each fit says what it rests on.
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ class LinkFit:
 
 
 def transfer_us(sample: CollectiveSample) -> float:
-    """The instance's own transfer: its duration less its wait for later ranks."""
-    return max(sample.dur_us - (sample.wait_us or 0.0), 0.0)
+    """The instance's own transfer: its duration less the longer of its wait for later ranks
+    and its time behind the rank's earlier collectives (the replay queues those on the link
+    itself; counted in the fit too, a dense all-reduce posted behind an all-to-all would
+    fit the all-to-all's transfer as the all-reduce's latency)."""
+    return max(sample.dur_us - max(sample.wait_us or 0.0, sample.queued_us), 0.0)
 
 
 def fit_links(samples: list[CollectiveSample], group_size: int) -> dict[str, LinkFit]:

@@ -57,9 +57,10 @@ def test_a_graph_that_cannot_finish_is_an_error_not_a_hang() -> None:
                {"x": Collective((0, 1), 1.0)})
 
 
-def _sample(kind: str, nbytes: float, dur: float, wait: float = 0.0) -> CollectiveSample:
+def _sample(kind: str, nbytes: float, dur: float, wait: float = 0.0,
+            queued: float = 0.0) -> CollectiveSample:
     return CollectiveSample(rank=0, kind=kind, process_group="0", bytes=nbytes, dur_us=dur,
-                            algbw_gbps=0.0, busbw_gbps=0.0, wait_us=wait)
+                            algbw_gbps=0.0, busbw_gbps=0.0, wait_us=wait, queued_us=queued)
 
 
 def test_link_fit_recovers_latency_and_bandwidth_less_the_waits() -> None:
@@ -69,6 +70,30 @@ def test_link_fit_recovers_latency_and_bandwidth_less_the_waits() -> None:
     assert fit.latency_us == pytest.approx(50, rel=1e-6)
     assert fit.bytes_per_us == pytest.approx(100, rel=1e-6)
     assert fit.transfer_us(2e5) == pytest.approx(2050, rel=1e-6)
+
+
+def test_link_fit_leaves_out_time_behind_the_ranks_earlier_collectives() -> None:
+    # An all-reduce posted while a 2 ms all-to-all moves data ends after it: its line must not
+    # take the all-to-all's transfer as its own latency. Where a wait for a peer and time in
+    # the queue overlap, the longer one is left out, once.
+    samples = [_sample("all_reduce", b, 2000 + 50 + b / 100, wait=500, queued=2000)
+               for b in (1e3, 1e4, 1e5)]
+    fit = fit_links(samples, 2)["all_reduce"]
+    assert fit.latency_us == pytest.approx(50, rel=1e-6)
+    assert fit.bytes_per_us == pytest.approx(100, rel=1e-6)
+
+
+def test_queued_time_is_the_overlap_with_earlier_collectives_of_the_rank() -> None:
+    import numpy as np
+
+    from recprof.analysis.collectives import CollectiveRecords
+
+    # a: 0-10; b posted at 2 ends at 15 (8 behind a); c posted at 20, alone; d inside b.
+    start, end = np.array([0.0, 2.0, 20.0, 3.0]), np.array([10.0, 15.0, 25.0, 6.0])
+    records = CollectiveRecords(step=np.zeros(4, dtype=np.int64), kind=["all_to_all"] * 4,
+                                group=["0"] * 4, nbytes=np.ones(4), start=start, end=end,
+                                exposed_by_key={})
+    assert records.queued_us().tolist() == [0.0, 8.0, 0.0, 3.0]
 
 
 def test_a_one_size_kind_borrows_the_link_bandwidth_with_bus_factors() -> None:
