@@ -50,7 +50,6 @@ from recprof.exit_race import avoid_gloo_exit_abort
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, make_loader
 from recprof.nestpipe.embedding import ShardedEmbeddings, Window
-from recprof.nestpipe.link_probe import probe_links
 from recprof.nestpipe.metrics import roc_auc
 from recprof.nestpipe.microbatch import split
 from recprof.nestpipe.model import DenseArch
@@ -292,7 +291,6 @@ def train(
         metrics_fh.close()
     bytes_per_step = _bytes_per_step(trainer, cfg.steps)
     eval_auc, eval_loss = trainer.evaluate(cfg.eval_batches)
-    link_probe = probe_links(device)
     if save_state is not None:
         gather_state(trainer.embeddings, trainer.model, trainer.optimizer, save_state)
     steady = walls[cfg.warmup_steps :]
@@ -307,7 +305,6 @@ def train(
         "eval_auc": eval_auc,
         "eval_loss": eval_loss,
         "bytes_per_step": bytes_per_step,
-        "link_probe": link_probe,
         "wall_s": time.perf_counter() - started,
     }
     if out is not None and is_main:

@@ -9,7 +9,6 @@ micro-batching repeats).
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -108,8 +107,7 @@ def measure(job: JobAnalysis) -> Baseline:
     config, note = trainer_config(job)
     run = job.run
     return Baseline(
-        job=job, ranks=ranks,
-        links=fit_links(job.collective_samples, len(ranks), trainer_link_probe(job)),
+        job=job, ranks=ranks, links=fit_links(job.collective_samples, len(ranks)),
         measured_step_us=job.per_step.step,
         unprofiled_step_us=run.unprofiled_step_us if run else None,
         config=config, config_note=note,
@@ -157,55 +155,25 @@ def trainer_config(job: JobAnalysis) -> tuple[object | None, str]:
     """The built-in trainer's resolved config for a captured trainer job, or None and why."""
     if job.framework != "nestpipe":
         return None, f"the job is {job.framework}, not the built-in trainer"
-    args = _trainer_args(job)
-    if args is None:
+    run = job.run
+    if run is None or "recprof.nestpipe" not in " ".join(run.command):
         return None, "no capture run folder names the trainer's command"
     from recprof.nestpipe.config import load_config
 
-    config = args.path("--config")
+    argv = run.command[run.command.index("recprof.nestpipe") + 1:] \
+        if "recprof.nestpipe" in run.command else []
+    config: Path | None = None
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv) - 1:
+        if argv[i] == "--config":
+            config = Path(argv[i + 1])
+            if not config.is_absolute() and run.cwd:
+                config = Path(run.cwd) / config
+        elif argv[i] == "--set":
+            overrides.append(argv[i + 1])
+        i += 1
     try:
-        return load_config(config, args.values("--set")), ""
+        return load_config(config, overrides), ""
     except (RecprofError, OSError) as exc:  # the trainer's knobs are then refused, saying why
-        return None, f"cannot read the trainer's config ({shlex.join(args.argv)}): {exc}"
-
-
-def trainer_link_probe(job: JobAnalysis) -> list[dict[str, float | str]]:
-    """The trainer's own timing of its links (summary.json's `link_probe`, in its `--out`
-    folder), or [] where the run has none (an older trainer, no `--out`, one rank)."""
-    args = _trainer_args(job) if job.framework == "nestpipe" else None
-    out = args.path("--out") if args else None
-    try:
-        summary = json.loads((out / "summary.json").read_text()) if out else {}
-    except (OSError, ValueError):
-        return []
-    probe = summary.get("link_probe") if isinstance(summary, dict) else None
-    if not isinstance(probe, list):
-        return []
-    return [p for p in probe if isinstance(p, dict) and isinstance(p.get("kind"), str)
-            and all(isinstance(p.get(k), int | float) and p[k] > 0 for k in ("bytes", "us"))]
-
-
-@dataclass(frozen=True)
-class _TrainerArgs:
-    """The trainer's command-line options, as the capture's run folder recorded them."""
-
-    argv: list[str]
-    cwd: str | None
-
-    def values(self, option: str) -> list[str]:
-        return [self.argv[i + 1] for i in range(len(self.argv) - 1) if self.argv[i] == option]
-
-    def path(self, option: str) -> Path | None:
-        """The last value of `option` as a path (relative ones from the run's folder)."""
-        found = self.values(option)
-        if not found:
-            return None
-        path = Path(found[-1])
-        return Path(self.cwd) / path if not path.is_absolute() and self.cwd else path
-
-
-def _trainer_args(job: JobAnalysis) -> _TrainerArgs | None:
-    run = job.run
-    if run is None or "recprof.nestpipe" not in run.command:
-        return None
-    return _TrainerArgs(run.command[run.command.index("recprof.nestpipe") + 1:], run.cwd)
+        return None, f"cannot read the trainer's config ({shlex.join(argv)}): {exc}"

@@ -5,10 +5,8 @@ later ranks (the analysis' cross-rank matching) and the time it sat behind the r
 collectives still in flight (the replay queues those itself); a line `latency + bytes /
 bandwidth` is fitted per kind by non-negative least squares. A kind seen at one message size
 cannot separate latency from bandwidth: it takes the link's bandwidth from the best-spread kind
-and keeps its own latency. The conversion between kinds is measured where the trainer's link
-probe timed both (gloo moves an all-reduce's bytes 1.3-3x faster than an all-to-all's, beyond
-what bus factors say), else nccl-tests' bus factors (an all-reduce moves 2(n-1)/n of its bytes
-per rank and an all-to-all (n-1)/n, which holds for NCCL). Each fit says what it rests on.
+(converted with nccl-tests' bus factors, since an all-reduce moves 2(n-1)/n of its bytes per
+rank and an all-to-all (n-1)/n) and keeps its own latency. Each fit says what it rests on.
 """
 
 from __future__ import annotations
@@ -38,15 +36,14 @@ class LinkFit:
     min_bytes: float
     max_bytes: float
     borrowed_from: str | None = None  # the kind whose bandwidth a one-size kind uses
-    converted_by: str = ""  # how that bandwidth was converted to this kind (BUS_FACTORS, PROBE)
 
     def transfer_us(self, nbytes: float) -> float:
         return self.latency_us + nbytes / self.bytes_per_us
 
     def describe(self) -> str:
         gbit = self.bytes_per_us * 8e6 / 1e9
-        basis = (f"bandwidth of {self.borrowed_from} converted by {self.converted_by} (one "
-                 "message size here)" if self.borrowed_from else "fitted")
+        basis = (f"bandwidth of {self.borrowed_from} (one message size here)"
+                 if self.borrowed_from else "fitted")
         return (f"{self.kind}: {self.latency_us:.0f} us + bytes at {gbit:.2f} Gbit/s "
                 f"({basis}; {self.points} instances of {self.min_bytes:,.0f}-"
                 f"{self.max_bytes:,.0f} B)")
@@ -60,11 +57,8 @@ def transfer_us(sample: CollectiveSample) -> float:
     return max(sample.dur_us - max(sample.wait_us or 0.0, sample.queued_us), 0.0)
 
 
-def fit_links(samples: list[CollectiveSample], group_size: int,
-              probe: list[dict[str, float | str]] | None = None) -> dict[str, LinkFit]:
-    """One line per collective kind with at least one sized instance. `probe`: the trainer's
-    own timing of kinds at several sizes (summary.json's `link_probe`), whose measured ratio
-    between two kinds' bandwidths replaces the bus factors where a kind borrows."""
+def fit_links(samples: list[CollectiveSample], group_size: int) -> dict[str, LinkFit]:
+    """One line per collective kind with at least one sized instance."""
     by_kind: dict[str, list[CollectiveSample]] = {}
     for s in samples:
         if s.bytes and s.bytes > 0:
@@ -72,12 +66,13 @@ def fit_links(samples: list[CollectiveSample], group_size: int,
     points = {kind: (np.array([s.bytes for s in group], dtype=float),
                      np.array([transfer_us(s) for s in group], dtype=float))
               for kind, group in by_kind.items()}
-    probed = _probe_bandwidths(probe or [])
     fits: dict[str, LinkFit] = {}
     for kind, (x, y) in points.items():
-        line = _line(x, y)
-        if line is not None:
-            fits[kind] = LinkFit(kind, line[0], line[1], len(x), float(x.min()), float(x.max()))
+        if x.max() / x.min() >= MIN_SIZE_SPREAD:
+            (latency, per_byte), _ = nnls(np.column_stack([np.ones_like(x), x]), y)
+            if per_byte > 0:
+                fits[kind] = LinkFit(kind, float(latency), float(1.0 / per_byte), len(x),
+                                     float(x.min()), float(x.max()))
     for kind, (x, y) in points.items():
         if kind in fits:
             continue
@@ -87,42 +82,12 @@ def fit_links(samples: list[CollectiveSample], group_size: int,
             rate = float(np.median(x) / max(np.median(y), 1e-9))
             fits[kind] = LinkFit(kind, 0.0, rate, len(x), float(x.min()), float(x.max()))
             continue
-        if kind in probed and donor.kind in probed:
-            ratio, basis = probed[kind] / probed[donor.kind], PROBE
-        else:
-            ratio = bus_factor(donor.kind, group_size) / max(bus_factor(kind, group_size), 1e-9)
-            basis = BUS_FACTORS
-        rate = donor.bytes_per_us * ratio
+        rate = donor.bytes_per_us * bus_factor(donor.kind, group_size) / max(
+            bus_factor(kind, group_size), 1e-9)
         latency = max(float(np.median(y) - np.median(x) / rate), 0.0)
         fits[kind] = LinkFit(kind, latency, float(rate), len(x), float(x.min()), float(x.max()),
-                             borrowed_from=donor.kind, converted_by=basis)
+                             borrowed_from=donor.kind)
     return fits
-
-
-#: How a borrowed bandwidth was converted between kinds.
-BUS_FACTORS = "nccl-tests' bus factors"
-PROBE = "the trainer's link probe"
-
-
-def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
-    """(latency us, bytes per us) of `y = latency + x / rate` by non-negative least squares,
-    or None where the sizes are too alike to tell latency from bandwidth."""
-    if x.max() / x.min() < MIN_SIZE_SPREAD:
-        return None
-    (latency, per_byte), _ = nnls(np.column_stack([np.ones_like(x), x]), y)
-    return (float(latency), float(1.0 / per_byte)) if per_byte > 0 else None
-
-
-def _probe_bandwidths(probe: list[dict[str, float | str]]) -> dict[str, float]:
-    """Bytes per us of each kind the probe timed at sizes spread enough to fit a line."""
-    rates = {}
-    for kind in {str(p["kind"]) for p in probe}:
-        mine = [p for p in probe if p["kind"] == kind]
-        line = _line(np.array([float(p["bytes"]) for p in mine]),
-                     np.array([float(p["us"]) for p in mine]))
-        if line is not None:
-            rates[kind] = line[1]
-    return rates
 
 
 @dataclass(frozen=True)

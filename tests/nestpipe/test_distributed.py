@@ -41,20 +41,6 @@ def test_two_ranks_equal_one_rank(runs: Runs, variant: str) -> None:
     assert two.summary["bytes_per_step"]["embedding_a2a_fwd"] > 0  # really sharded
 
 
-def test_two_ranks_time_their_links_per_kind_and_one_rank_does_not(runs: Runs) -> None:
-    from recprof.nestpipe.link_probe import KINDS, SIZES
-
-    probe = runs["row_fused"].summary["link_probe"]
-    assert [(p["kind"], p["bytes"]) for p in probe] == [(k, s) for k in KINDS for s in SIZES]
-    assert all(p["us"] > 0 for p in probe)
-    # a 64x larger message takes longer to move, on any link
-    for kind in KINDS:
-        small, large = (p["us"] for p in probe if p["kind"] == kind and p["bytes"] in
-                        (SIZES[0], SIZES[-1]))
-        assert large > small
-    assert runs.single().summary["link_probe"] == []
-
-
 @pytest.mark.parametrize("variant", ["fwp2", "fwp4_clustered"])
 def test_frozen_window_equals_synchronous(runs: Runs, variant: str) -> None:
     assert_exact(runs.single(), runs[variant])

@@ -107,22 +107,6 @@ def test_a_one_size_kind_borrows_the_link_bandwidth_with_bus_factors() -> None:
     assert "one message size" in fit.describe()
 
 
-def test_a_one_size_kind_borrows_with_the_ratio_the_link_probe_measured() -> None:
-    samples = [_sample("all_to_all", b, 50 + b / 100) for b in (1e3, 1e4, 1e5)]
-    samples += [_sample("all_reduce", 2e4, 900.0)] * 3
-    # the trainer timed an all-reduce's bytes 3x as fast as an all-to-all's (latency aside)
-    probe = [{"kind": "all_to_all", "bytes": b, "us": 10 + b / 10} for b in (1e3, 1e5)]
-    probe += [{"kind": "all_reduce", "bytes": b, "us": 20 + b / 30} for b in (1e3, 1e5)]
-    fit = fit_links(samples, 2, probe)["all_reduce"]
-    assert fit.bytes_per_us == pytest.approx(300, rel=1e-6)
-    assert fit.latency_us == pytest.approx(900 - 2e4 / 300, rel=1e-6)
-    assert "link probe" in fit.describe()
-    # a probe of one kind only cannot convert: the bus factors stay
-    alone = fit_links(samples, 2, probe[:2])["all_reduce"]
-    assert alone.bytes_per_us == pytest.approx(50, rel=1e-6)
-    assert "bus factors" in alone.describe()
-
-
 def test_try_parser_reads_values_as_yaml_and_rejects_junk() -> None:
     assert parse_try("micro_batches=4,qcomms=fp16,dbp=true") == {
         "micro_batches": 4, "qcomms": "fp16", "dbp": True}

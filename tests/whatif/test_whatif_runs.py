@@ -107,26 +107,6 @@ def test_a_knob_the_model_cannot_handle_is_refused_in_one_line(captured: Path) -
     ]
 
 
-def test_a_one_size_kind_is_converted_by_the_trainers_link_probe_while_it_is_there(
-        captured: Path, tmp_path: Path) -> None:
-    def all_reduce_link(run: Path) -> str:
-        doc = tmp_path / "w.json"
-        proc = _whatif(str(run), "--try", "qcomms=fp16", "--json", str(doc))
-        assert proc.returncode == 0, proc.stderr
-        (link,) = [s for s in json.loads(doc.read_text())["baseline"]["links"]
-                   if s.startswith("all_reduce:")]
-        return link
-
-    # the dense all-reduce has one message size: its bandwidth is the all-to-all's, converted
-    assert "converted by the trainer's link probe" in all_reduce_link(captured)
-    summary = captured / "trainer" / "summary.json"  # where the recorded command's --out is
-    summary.rename(summary.with_suffix(".away"))
-    try:
-        assert "converted by nccl-tests' bus factors" in all_reduce_link(captured)
-    finally:
-        summary.with_suffix(".away").rename(summary)
-
-
 def test_a_capture_without_step_logs_predicts_and_says_it_could_not_calibrate(
         captured: Path, tmp_path: Path) -> None:
     copy = tmp_path / "run"
