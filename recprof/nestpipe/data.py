@@ -115,20 +115,33 @@ class SyntheticSource:
         dense = rng.standard_normal((size, cfg.num_dense)).astype(np.float32)
         lengths = rng.integers(1, cfg.bag_size + 1, (nf, size))
         logit = dense.astype(np.float64) @ self.dense_w
-        ids = []
-        for f in range(nf):
-            pos = np.searchsorted(self.cdf, rng.random(int(lengths[f].sum())), side="right")
-            raw = self.perm[f, np.minimum(pos, cfg.vocab_size - 1)]
-            bag = np.repeat(np.arange(size), lengths[f])
-            logit += np.bincount(bag, self.scores[f, raw], size) / lengths[f]
-            ids.append(raw)
+        # Every feature's draws at once: the same numbers, in the same order, as one draw per
+        # feature (a Generator's stream does not depend on how it is split into calls).
+        per_feature = lengths.sum(axis=1)
+        feature = np.repeat(np.arange(nf), per_feature)
+        raw = self.perm[feature, np.minimum(_draw(self.cdf, rng.random(int(per_feature.sum()))),
+                                            cfg.vocab_size - 1)]
+        bag = np.repeat(np.tile(np.arange(size), nf), lengths.ravel())
+        sums = np.bincount(feature * size + bag, self.scores[feature, raw], nf * size)
+        for f in range(nf):  # feature by feature, as the sum was always taken
+            logit += sums[f * size:(f + 1) * size] / lengths[f]
         labels = rng.random(size) < 1.0 / (1.0 + np.exp(-logit))
         return Batch(
             dense=torch.from_numpy(dense),
-            ids=torch.from_numpy(np.concatenate(ids).astype(np.int64)),
+            ids=torch.from_numpy(raw.astype(np.int64)),
             lengths=torch.from_numpy(lengths.astype(np.int64)),
             labels=torch.from_numpy(labels.astype(np.float32)),
         )
+
+
+def _draw(cdf: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """`np.searchsorted(cdf, uniform, side="right")`, searched in sorted order: numpy narrows
+    each search from the last when the needles rise, 3x faster for 32,000 draws over a
+    100,000-id vocabulary (3.8 against 1.2 ms), which was most of a batch's generation."""
+    order = np.argsort(uniform)
+    pos = np.empty(len(uniform), dtype=np.intp)
+    pos[order] = np.searchsorted(cdf, uniform[order], side="right")
+    return pos
 
 
 def _parse_tsv_line(line: str, num_dense: int, num_features: int) -> tuple:

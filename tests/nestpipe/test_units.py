@@ -34,6 +34,39 @@ def test_rank_slices_tile_the_global_batch() -> None:
     assert torch.equal(whole.slice(0, 64).ids, whole.ids)
 
 
+def _one_feature_at_a_time(source: SyntheticSource, stream: int, index: int) -> list:
+    """The generator as first written, one draw and one search per feature: the stream every
+    earlier run trained on, which the vectorised generator must keep exactly."""
+    cfg = source.cfg
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, stream, index]))
+    size, nf = cfg.batch_size, cfg.num_features
+    dense = rng.standard_normal((size, cfg.num_dense)).astype(np.float32)
+    lengths = rng.integers(1, cfg.bag_size + 1, (nf, size))
+    logit = dense.astype(np.float64) @ source.dense_w
+    ids = []
+    for f in range(nf):
+        pos = np.searchsorted(source.cdf, rng.random(int(lengths[f].sum())), side="right")
+        raw = source.perm[f, np.minimum(pos, cfg.vocab_size - 1)]
+        bag = np.repeat(np.arange(size), lengths[f])
+        logit += np.bincount(bag, source.scores[f, raw], size) / lengths[f]
+        ids.append(raw)
+    labels = rng.random(size) < 1.0 / (1.0 + np.exp(-logit))
+    return [dense, np.concatenate(ids), lengths, labels.astype(np.float32)]
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["batch_size=37", "num_features=3", "vocab_size=10", "bag_size=1", "zipf_alpha=1.6"],
+    ["batch_size=256", "num_features=26", "vocab_size=5000", "bag_size=20", "seed=7"],
+])
+def test_generator_keeps_the_stream_of_one_draw_per_feature(overrides: list[str]) -> None:
+    source = SyntheticSource(load_config(TINY, overrides))
+    for stream, index in [(TRAIN_STREAM, 0), (TRAIN_STREAM, 5), (1, 2)]:
+        batch = source.global_batch(stream, index)
+        got = [batch.dense, batch.ids, batch.lengths, batch.labels]
+        for tensor, want in zip(got, _one_feature_at_a_time(source, stream, index), strict=True):
+            assert np.array_equal(tensor.numpy(), want)
+
+
 def test_loader_workers_keep_step_order_and_determinism() -> None:
     cfg = load_config(TINY, ["num_workers=2"])
     source = SyntheticSource(cfg)
