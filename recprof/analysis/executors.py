@@ -15,6 +15,7 @@ propagates with its traceback.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -147,9 +148,15 @@ class DaskCluster(Executor):
         distributed = import_distributed()
         self._cluster: Any = None
         if scheduler is None:
+            import dask
+
+            # The whole configuration, copied: a nanny keeps the one it is given for every
+            # restart of its worker, where `dask.config.set` around the start would be undone
+            # in place (in the very dicts the nanny holds) when the block ends.
+            config = dask.config.merge(copy.deepcopy(dask.config.config), _LOCAL_WORKER_CONFIG)
             self._cluster = distributed.LocalCluster(
                 n_workers=workers or 1, threads_per_worker=1, processes=True,
-                dashboard_address=None, silence_logs=logging.ERROR)
+                dashboard_address=None, silence_logs=logging.ERROR, config=config)
             address: Any = self._cluster
         else:
             address = scheduler
@@ -221,6 +228,11 @@ class DaskCluster(Executor):
             self._cluster = None
 
 
+#: Dask settings for the workers of a cluster recprof starts. Each worker samples its task
+#: thread's stack every 10 ms for the dashboard's profile, which recprof does not serve: at
+#: 10,000 ranks on 2 workers that sampling cost 4.0-4.5 s of a ~55 s map (interleaved A/B,
+#: docs/analysis.md). An existing cluster's workers are configured by whoever started them.
+_LOCAL_WORKER_CONFIG = {"distributed": {"worker": {"profile": {"enabled": False}}}}
 #: What `DaskCluster` has each worker evaluate: the version of the recprof it imports.
 _WORKER_RECPROF = "__import__('recprof.analysis.pipeline').__version__"
 
