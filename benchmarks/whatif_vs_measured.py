@@ -5,13 +5,14 @@ run the grid for real, print predicted vs measured.
     python benchmarks/whatif_vs_measured.py --emulated 1gbit --nproc-per-node 1   # two nodes
 
 The synchronous fp32 baseline of `--config` runs once under `recprof capture` (the tuner's
-trial pipeline, so the capture window sits after warm-up). `recprof whatif` predicts every
-config of the grid micro_batches {1, 4} x qcomms {fp32, fp16} x reshape {1, 2} x hsp_groups
-{1, 2} x dbp {false, true} (32 configs, fewer where a value does not fit the world) from that
-capture alone. Then every config runs for real without capture, baseline included, and its
-step is the median `wall_s` of the steps after warm-up in metrics.jsonl: the same statistic as
-the step logs' unprofiled median the prediction is calibrated on. Prints per config predicted,
-measured and error, then the median and max |error| against the goals (<= 5%, <= 12%).
+trial pipeline, so the capture window sits after warm-up), recording `--capture-active` steps.
+`recprof whatif` predicts every config of the grid micro_batches {1, 4} x qcomms {fp32, fp16} x
+reshape {1, 2} x hsp_groups {1, 2} x dbp {false, true} (32 configs, fewer where a value does
+not fit the world) from that capture alone. Then every config runs for real without capture,
+baseline included, and its step is the median `wall_s` of the steps after warm-up in
+metrics.jsonl: the same statistic as the step logs' unprofiled median the prediction is
+calibrated on. Prints per config predicted, measured and error, then the median and max |error|
+against the goals (<= 5%, <= 12%).
 
 This shared host drifts: the same config has measured 58 ms at the start of a run and 72 ms
 twenty minutes later. So the baseline config also runs before every `--reference-every`
@@ -51,7 +52,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from recprof.mirror.command import one_job  # noqa: E402
 from recprof.nestpipe.knobs import BASELINE, invalid_reason, knobs_label  # noqa: E402
 from recprof.whatif.baseline import measure  # noqa: E402
-from recprof.whatif.predict import Predictor  # noqa: E402
+from recprof.whatif.predict import STEADY_PROFILED_STEPS, Predictor  # noqa: E402
 from tuner.runner import TrialRunner, capture_window  # noqa: E402
 from tuner.trainer import Launch, job_shape, load_base_config, trial_config, write_config  # noqa: E402
 
@@ -78,6 +79,9 @@ def main() -> None:
                         help="run on the emulated two-node cluster with this inter-node tbf rate")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=8)
+    parser.add_argument("--capture-active", type=int, default=STEADY_PROFILED_STEPS, metavar="N",
+                        help="profiled steps in the baseline's capture, run N steps longer "
+                             "than the others (what-if fits its links and calibrates on them)")
     parser.add_argument("--reference-every", type=int, default=4, metavar="K",
                         help="run the baseline config before every K configs and at the end "
                              "(drift reference and noise floor)")
@@ -103,16 +107,21 @@ def main() -> None:
                                             "warmup_steps": args.warmup_steps}
     shape = job_shape(base, launch.world_size)
 
-    window = capture_window(base["steps"], base["warmup_steps"])
+    # The baseline's capture records more steps than a tuner trial's 5 (STEADY_PROFILED_STEPS
+    # says why). It runs that many steps longer, so as many unprofiled steps follow its
+    # window as follow a 5-step one.
+    capture_base = base | {"steps": base["steps"] + args.capture_active}
+    window = capture_window(capture_base["steps"], base["warmup_steps"], args.capture_active)
 
-    def prepare(name: str, knobs: dict[str, Any]) -> tuple[Path, Path]:
+    def prepare(name: str, knobs: dict[str, Any], captured: bool = False) -> tuple[Path, Path]:
         """The run's folder and the trainer config written into it."""
         trial_dir = out / name
         trial_dir.mkdir(parents=True, exist_ok=True)
-        return trial_dir, write_config(trial_config(base, knobs), trial_dir / "config.yaml")
+        config = trial_config(capture_base if captured else base, knobs)
+        return trial_dir, write_config(config, trial_dir / "config.yaml")
 
     def run(name: str, knobs: dict[str, Any], capture: bool) -> Path:
-        trial_dir, config = prepare(name, knobs)
+        trial_dir, config = prepare(name, knobs, captured=capture)
         outcome = TrialRunner(capture, args.trial_timeout, window).run(
             launch.trainer_argv(config, trial_dir), trial_dir)
         if not outcome.ok:
@@ -125,7 +134,7 @@ def main() -> None:
         the nodes' run folders are merged into one, re-analysed from all ranks' traces."""
         from emulated_cluster import EmulatedCluster
 
-        trial_dir, config = prepare(name, dict(BASELINE))
+        trial_dir, config = prepare(name, dict(BASELINE), captured=True)
         nodes = [trial_dir / f"capture-node{i}" for i in range(2)]
         wrappers = [[sys.executable, "-m", "recprof", "capture", "--out", str(node), *window,
                      "--"] for node in nodes]

@@ -83,16 +83,19 @@ def capture_argv(capture_dir: Path, window: Sequence[str], argv: Sequence[str]) 
     ]  # fmt: skip
 
 
-def capture_window(steps: int | None, warmup_steps: int | None) -> list[str]:
+def capture_window(steps: int | None, warmup_steps: int | None, most_active: int = 5
+                   ) -> list[str]:
     """Capture options that record steps inside the trainer's measured window.
 
     The profiler's first recorded step must come after warm-up (so the analysis describes the
     steady state the throughput measures) and the window must end before the last step.
-    Without both numbers in the base config, capture's own defaults apply.
+    Without both numbers in the base config, capture's own defaults apply. At most
+    `most_active` steps are recorded: a trial's capture stays cheap, while a capture that
+    what-if calibrates on wants more (benchmarks/whatif_vs_measured.py).
     """
     if steps is None or warmup_steps is None:
         return []
-    active = max(1, min(5, steps - warmup_steps - 1))
+    active = max(1, min(most_active, steps - warmup_steps - 1))
     wait = max(0, warmup_steps - 1)
     return ["--wait", str(wait), "--warmup", "1", "--active", str(active)]
 

@@ -169,9 +169,11 @@ class Predictor:
                     f"({uncalibrated / 1e3:.2f} ms replayed, {base.measured_step_us / 1e3:.2f} ms "
                     f"recorded, {target / 1e3:.2f} ms to match) with any {what} factor in "
                     f"[{lo}, {hi}]; predictions would be guesses")
+        profiled = len(base.job.steps_analysed)
         self.calibration = (
             f"replay of the recorded baseline {uncalibrated / 1e3:.2f} ms vs measured "
-            f"{base.measured_step_us / 1e3:.2f} ms (profiled)"
+            f"{base.measured_step_us / 1e3:.2f} ms (profiled, {profiled} "
+            f"step{'s' if profiled != 1 else ''})"
             + (f": transfers x{contention:.2f} for contention; " if fitted else
                ": transfers off the critical path, no contention fitted; " if self.cfg else "; ")
             + (f"compute{' and transfers' if transfers_scaled else ''} scaled "
@@ -179,6 +181,9 @@ class Predictor:
                "logs" if self.calibrated else
                "no step logs: could not calibrate to unprofiled steps, so predictions are of "
                "profiled steps")
+            + (f"; only {profiled} profiled steps, so one step's jitter moves every fit: "
+               f"record at least {STEADY_PROFILED_STEPS} (recprof capture --active "
+               f"{STEADY_PROFILED_STEPS})" if profiled < STEADY_PROFILED_STEPS else "")
         )
         self.baseline_replay = self._replay(self.knobs, self.scale)
         self.target = target
@@ -338,6 +343,10 @@ class Predictor:
         )
 
 
+#: Profiled steps below which the fits carry single steps' jitter: on a shared 2-core host,
+#: five 5-step captures of one config predicted one knob's change 12 points apart, three
+#: 15-step captures 2 points apart (docs/whatif.md, "Measured").
+STEADY_PROFILED_STEPS = 15
 #: The factors calibration may choose; one at a bound means the replay cannot reproduce the
 #: capture (a profiled op 50x its unprofiled time, or collectives 20x their fitted lines).
 CONTENTION_RANGE = (0.1, 20.0)

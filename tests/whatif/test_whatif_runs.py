@@ -107,6 +107,19 @@ def test_a_knob_the_model_cannot_handle_is_refused_in_one_line(captured: Path) -
     ]
 
 
+def test_a_short_capture_says_its_fits_rest_on_few_steps(captured: Path) -> None:
+    from recprof.whatif.predict import STEADY_PROFILED_STEPS
+
+    assert ACTIVE < STEADY_PROFILED_STEPS  # this capture is a short one
+    proc = _whatif(str(captured), "--try", "qcomms=fp16")
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert f"(profiled, {ACTIVE} steps)" in out
+    assert (f"only {ACTIVE} profiled steps, so one step's jitter moves every fit: record at "
+            f"least {STEADY_PROFILED_STEPS} (recprof capture --active {STEADY_PROFILED_STEPS})"
+            ) in out
+
+
 def test_a_capture_without_step_logs_predicts_and_says_it_could_not_calibrate(
         captured: Path, tmp_path: Path) -> None:
     copy = tmp_path / "run"
