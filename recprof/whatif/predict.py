@@ -170,10 +170,10 @@ class Predictor:
                     f"recorded, {target / 1e3:.2f} ms to match) with any {what} factor in "
                     f"[{lo}, {hi}]; predictions would be guesses")
         profiled = len(base.job.steps_analysed)
+        steps = f"{profiled} profiled step{'s' if profiled != 1 else ''}"
         self.calibration = (
             f"replay of the recorded baseline {uncalibrated / 1e3:.2f} ms vs measured "
-            f"{base.measured_step_us / 1e3:.2f} ms (profiled, {profiled} "
-            f"step{'s' if profiled != 1 else ''})"
+            f"{base.measured_step_us / 1e3:.2f} ms (per step over {steps})"
             + (f": transfers x{contention:.2f} for contention; " if fitted else
                ": transfers off the critical path, no contention fitted; " if self.cfg else "; ")
             + (f"compute{' and transfers' if transfers_scaled else ''} scaled "
@@ -181,7 +181,7 @@ class Predictor:
                "logs" if self.calibrated else
                "no step logs: could not calibrate to unprofiled steps, so predictions are of "
                "profiled steps")
-            + (f"; only {profiled} profiled steps, so one step's jitter moves every fit: "
+            + (f"; only {steps}, so one step's jitter moves every fit: "
                f"record at least {STEADY_PROFILED_STEPS} (recprof capture --active "
                f"{STEADY_PROFILED_STEPS})" if profiled < STEADY_PROFILED_STEPS else "")
         )

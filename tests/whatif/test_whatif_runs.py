@@ -114,7 +114,7 @@ def test_a_short_capture_says_its_fits_rest_on_few_steps(captured: Path) -> None
     proc = _whatif(str(captured), "--try", "qcomms=fp16")
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())
-    assert f"(profiled, {ACTIVE} steps)" in out
+    assert f"(per step over {ACTIVE} profiled steps)" in out
     assert (f"only {ACTIVE} profiled steps, so one step's jitter moves every fit: record at "
             f"least {STEADY_PROFILED_STEPS} (recprof capture --active {STEADY_PROFILED_STEPS})"
             ) in out
