@@ -15,7 +15,6 @@ propagates with its traceback.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -150,10 +149,11 @@ class DaskCluster(Executor):
         if scheduler is None:
             import dask
 
-            # The whole configuration, copied: a nanny keeps the one it is given for every
-            # restart of its worker, where `dask.config.set` around the start would be undone
-            # in place (in the very dicts the nanny holds) when the block ends.
-            config = dask.config.merge(copy.deepcopy(dask.config.config), _LOCAL_WORKER_CONFIG)
+            # The whole configuration, in new dicts (`merge` builds them): a nanny keeps the one
+            # it is given for every restart of its worker, where `dask.config.set` around the
+            # start would be undone in place (in the very dicts the nanny holds) when the
+            # block ends.
+            config = dask.config.merge(dask.config.config, _LOCAL_WORKER_CONFIG)
             self._cluster = distributed.LocalCluster(
                 n_workers=workers or 1, threads_per_worker=1, processes=True,
                 dashboard_address=None, silence_logs=logging.ERROR, config=config)
