@@ -40,7 +40,14 @@ def test_wire_precision_and_scaling_are_predicted_trainer_knobs_refused(
     # half the bytes of the pooled embeddings and their gradients: a shorter step, by no more
     # than the embedding exchange's exposed time
     assert fp16["step_us"] < base
-    assert fp16["moved_stage"] in ("embedding_a2a", "embedding_grad_a2a")  # both halve
+    # Only the embedding exchange moves, and it shrinks. Read from the stages themselves, not
+    # `moved_stage`: on loopback this exchange is latency-bound, and its move (47 us of a
+    # 9.7 ms step in one CI capture) can fall under the 0.5% (`STILL`) `moved_stage` ignores.
+    exchange = {"embedding_a2a", "embedding_grad_a2a"}
+    before, after = doc["baseline"]["stages"], fp16["stages"]
+    moved = {k for k in set(before) | set(after) if after.get(k, 0.0) != before.get(k, 0.0)}
+    assert moved and moved <= exchange, moved
+    assert all(after[k] < before[k] for k in moved)
     # gloo on CPU moves bytes at the hosts' rate: more ranks move more bytes per rank (bus
     # factors), a faster inter-node link cannot make that quicker
     assert scaled["step_us"] >= base
