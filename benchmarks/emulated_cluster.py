@@ -2,8 +2,18 @@
 
 Each "node" is a network namespace. Node 0 is joined to every other node by a veth pair whose
 two ends are shaped with `tbf` (the one shaping qdisc this kernel has; see the field notes), so
-traffic between nodes crosses a slow link while ranks inside one node talk over loopback. A
-job is started as one `torchrun --nnodes N --node-rank i` per namespace, with
+traffic between nodes crosses a slow link while ranks inside one node talk over loopback.
+
+The link is paced like a wire: tbf's `peakrate` (a hair above `rate`) with a 64 KB second
+bucket. A plain tbf lets a message of up to `burst` bytes leave at veth speed once the bucket
+has refilled, which no inter-node link does. At 1 Gbit/s with the 256 KB burst, gloo
+all-to-alls of 320 KB and 640 KB (half of each crosses the link) took 0.51 and 1.45 ms, 2.5x
+and 1.8x faster than the line allows, and 1.24 MB took 6.25 ms (0.8x). In the trainer, one
+exchange sent as four micro-batch chunks took 0.64-0.74x its time unsplit: the "gain" of a
+token bucket, not of overlap. Paced, time grows with the bytes from the first packet
+(docs/whatif.md).
+
+A job is started as one `torchrun --nnodes N --node-rank i` per namespace, with
 GLOO_SOCKET_IFNAME set to the node's veth and the namespace's name as its hostname (a UTS
 namespace each: with one shared hostname, recprof read both nodes' ranks as one host's, with
 no core to spare and no inter-node link). Everything is removed on exit (namespaces, and the
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +44,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+#: tbf's second bucket when paced: one veth segment (TSO sends up to 64 KB at once; a smaller
+#: bucket would drop those).
+PEAK_BUCKET = "65536"
+_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+
+
+def _just_above(rate: str) -> str:
+    """tbf's peakrate for a link paced at `rate`: tbf needs peakrate > rate, so 0.1% above."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)", rate.strip().lower())
+    if match is None:
+        raise ValueError(f"link rate {rate!r}: give a number and bit, kbit, mbit or gbit")
+    return f"{round(float(match[1]) * _UNITS[match[2]] * 1.001)}bit"
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -49,13 +74,15 @@ class Node:
 class EmulatedCluster:
     """Context manager: two namespaces, one tbf-shaped veth link between them."""
 
-    def __init__(self, rate: str = "1gbit", burst: str = "256kb", latency: str = "100ms") -> None:
+    def __init__(self, rate: str = "1gbit", burst: str = "256kb", latency: str = "100ms",
+                 paced: bool = True) -> None:
         tag = f"{os.getpid() % 100000}"
         self.nodes = [
             Node(f"recprof{tag}n{i}", f"rpveth{i}", f"10.231.{os.getpid() % 250}.{i + 1}")
             for i in range(2)
         ]
         self.rate, self.burst, self.latency = rate, burst, latency
+        self.pacing = ["peakrate", _just_above(rate), "mtu", PEAK_BUCKET] if paced else []
 
     @staticmethod
     def available() -> str | None:
@@ -88,7 +115,7 @@ class EmulatedCluster:
                 subprocess.run(
                     ["ip", "netns", "exec", node.namespace, "tc", "qdisc", "add", "dev",
                      node.ifname, "root", "tbf", "rate", self.rate, "burst", self.burst,
-                     "latency", self.latency],
+                     "latency", self.latency, *self.pacing],
                     check=True, capture_output=True, text=True,
                 )
         except BaseException:
@@ -159,6 +186,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--rate", default="1gbit", help="tbf rate of the inter-node link")
+    parser.add_argument("--token-bucket", action="store_true",
+                        help="plain tbf: messages up to its 256 KB burst leave at veth speed "
+                             "(the link before pacing; see the module docstring)")
     parser.add_argument("target", nargs=argparse.REMAINDER,
                         help="after --: what torchrun runs (-m module ... or script.py ...)")
     args = parser.parse_args()
@@ -167,7 +197,7 @@ def main() -> int:
     if reason is not None:
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    with EmulatedCluster(rate=args.rate) as cluster:
+    with EmulatedCluster(rate=args.rate, paced=not args.token_bucket) as cluster:
         results = cluster.torchrun(args.nproc_per_node, target)
     for rank, res in enumerate(results):
         print(f"--- node {rank} ({cluster.nodes[rank].namespace}): exit {res.returncode}")

@@ -4,6 +4,7 @@ behind."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -23,6 +24,11 @@ def test_pipelined_job_across_two_namespaces(runs: Runs, tmp_path) -> None:
     out = tmp_path / "emulated"
     with EmulatedCluster(rate="1gbit") as cluster:
         assert len(cluster.leftovers()) == 2
+        for node in cluster.nodes:  # paced like a wire: no burst above the line rate
+            qdisc = subprocess.run(
+                ["tc", "-n", node.namespace, "qdisc", "show", "dev", node.ifname],
+                capture_output=True, text=True, check=True).stdout
+            assert "rate 1Gbit" in qdisc and "peakrate 1001Mbit" in qdisc, qdisc
         results = cluster.torchrun(1, [
             "-m", "recprof.nestpipe", "--config", str(TINY), "--set", "dbp=true",
             "--set", "micro_batches=2", "--set", F64, "--out", str(out),
