@@ -49,15 +49,35 @@ def _ip(*args: str) -> None:
 #: tbf's second bucket when paced: one veth segment (TSO sends up to 64 KB at once; a smaller
 #: bucket would drop those).
 PEAK_BUCKET = "65536"
-_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+#: tc's rate units, in bits per second (a bare number is bits, `bps` is bytes: man tc).
+_UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
+          "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9, "tbps": 8 * 10**12}
 
 
 def _just_above(rate: str) -> str:
     """tbf's peakrate for a link paced at `rate`: tbf needs peakrate > rate, so 0.1% above."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)", rate.strip().lower())
-    if match is None:
-        raise ValueError(f"link rate {rate!r}: give a number and bit, kbit, mbit or gbit")
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", rate.strip().lower())
+    if match is None or match[2] not in _UNITS or float(match[1]) <= 0:
+        raise ValueError(f"link rate {rate!r}: give a positive number and one of tc's units "
+                         f"({', '.join(u for u in _UNITS if u)})")
     return f"{round(float(match[1]) * _UNITS[match[2]] * 1.001)}bit"
+
+
+def rate_problem(rate: str) -> str | None:
+    """None when tc can take `rate` as the link's rate, else why not (before any run starts)."""
+    try:
+        _just_above(rate)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def link_rate(text: str) -> str:
+    """argparse type of a link rate: tc's syntax, refused with the reason at parse time."""
+    problem = rate_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -72,7 +92,8 @@ class Node:
 
 
 class EmulatedCluster:
-    """Context manager: two namespaces, one tbf-shaped veth link between them."""
+    """Context manager: two namespaces, one tbf-shaped veth link between them, paced like a
+    wire unless `paced=False` (see the module docstring)."""
 
     def __init__(self, rate: str = "1gbit", burst: str = "256kb", latency: str = "100ms",
                  paced: bool = True) -> None:
@@ -185,7 +206,8 @@ class EmulatedCluster:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc-per-node", type=int, default=1)
-    parser.add_argument("--rate", default="1gbit", help="tbf rate of the inter-node link")
+    parser.add_argument("--rate", type=link_rate, default="1gbit",
+                        help="tbf rate of the inter-node link")
     parser.add_argument("--token-bucket", action="store_true",
                         help="plain tbf: messages up to its 256 KB burst leave at veth speed "
                              "(the link before pacing; see the module docstring)")

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulated_cluster import REPO, EmulatedCluster  # benchmarks/ is on sys.path when run
+from emulated_cluster import REPO, EmulatedCluster, link_rate  # benchmarks/ is on sys.path when run
 
 from recprof.errors import RecprofError
 from recprof.nestpipe.config import load_config
@@ -90,7 +90,8 @@ def _ratio(value: float, reference: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", default="300mbit", help="tbf rate of the inter-node link")
+    parser.add_argument("--rate", type=link_rate, default="300mbit",
+                        help="tbf rate of the inter-node link")
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--config", type=Path,
                         default=REPO / "examples/configs/comm_bound_large.yaml")

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from emulated_cluster import REPO, EmulatedCluster  # benchmarks/ is on sys.path when run
+from emulated_cluster import REPO, EmulatedCluster, link_rate  # benchmarks/ is on sys.path when run
 
 from recprof.compare.loading import load_run
 from recprof.compare.model import compare_runs
@@ -94,7 +94,8 @@ def _helped(two_node_runs: list[tuple[str, Path]], knobs: list[tuple[str, Any]],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound.yaml")
-    parser.add_argument("--rate", default="300mbit", help="tbf rate of the inter-node link")
+    parser.add_argument("--rate", type=link_rate, default="300mbit",
+                        help="tbf rate of the inter-node link")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep the run folders here")

@@ -97,8 +97,10 @@ def main() -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     if args.emulated:
-        from emulated_cluster import EmulatedCluster
+        from emulated_cluster import EmulatedCluster, rate_problem
 
+        if (problem := rate_problem(args.emulated)) is not None:
+            sys.exit(f"--emulated: {problem}")
         reason = EmulatedCluster.available()
         if reason is not None:
             sys.exit(f"the emulated cluster is not available here: {reason}")

@@ -93,8 +93,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     nnodes, template = 1, None
     if args.emulated:
-        from emulated_cluster import EmulatedCluster
+        from emulated_cluster import EmulatedCluster, rate_problem
 
+        if (problem := rate_problem(args.emulated)) is not None:
+            sys.exit(f"--emulated: {problem}")
         reason = EmulatedCluster.available()
         if reason is not None:
             sys.exit(f"the emulated cluster is not available here: {reason}")
