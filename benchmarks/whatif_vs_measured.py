@@ -88,15 +88,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--trial-timeout", type=float, default=600.0)
     args = parser.parse_args()
+    if args.emulated:  # refused before the output folder is made
+        from emulated_cluster import rate_problem
+
+        if (problem := rate_problem(args.emulated)) is not None:
+            sys.exit(f"--emulated: {problem}")
     console = Console(width=None if sys.stdout.isatty() else 140)
     out = (args.out or Path(tempfile.mkdtemp(prefix="whatif-bench-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nnodes, template = 1, None
     if args.emulated:
-        from emulated_cluster import EmulatedCluster, rate_problem
+        from emulated_cluster import EmulatedCluster
 
-        if (problem := rate_problem(args.emulated)) is not None:
-            sys.exit(f"--emulated: {problem}")
         reason = EmulatedCluster.available()
         if reason is not None:
             sys.exit(f"the emulated cluster is not available here: {reason}")
