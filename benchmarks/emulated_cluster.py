@@ -63,20 +63,13 @@ def _just_above(rate: str) -> str:
     return f"{round(float(match[1]) * _UNITS[match[2]] * 1.001)}bit"
 
 
-def rate_problem(rate: str) -> str | None:
-    """None when tc can take `rate` as the link's rate, else why not (before any run starts)."""
-    try:
-        _just_above(rate)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def link_rate(text: str) -> str:
-    """argparse type of a link rate: tc's syntax, refused with the reason at parse time."""
-    problem = rate_problem(text)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
+    """argparse type of a link rate: tc's syntax, refused with the reason at parse time (before
+    any folder or namespace is made)."""
+    try:
+        _just_above(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

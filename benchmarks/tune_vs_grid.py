@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from emulated_cluster import EmulatedCluster, link_rate  # noqa: E402
+
 from recprof.nestpipe.knobs import divisors, knobs_key, knobs_label  # noqa: E402
 from tuner.record import TrialRecord  # noqa: E402
 from tuner.runner import TrialRunner  # noqa: E402
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument(
         "--emulated",
         metavar="RATE",
+        type=link_rate,
         default=None,
         help="run every trial on the emulated two-node cluster (benchmarks/emulated_cluster.py) "
         "with this inter-node tbf rate, e.g. 100mbit; --nproc-per-node is then per node",
@@ -97,10 +100,6 @@ def main() -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     if args.emulated:
-        from emulated_cluster import EmulatedCluster, rate_problem
-
-        if (problem := rate_problem(args.emulated)) is not None:
-            sys.exit(f"--emulated: {problem}")
         reason = EmulatedCluster.available()
         if reason is not None:
             sys.exit(f"the emulated cluster is not available here: {reason}")

@@ -49,6 +49,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from emulated_cluster import EmulatedCluster, link_rate  # noqa: E402
+
 from recprof.mirror.command import one_job  # noqa: E402
 from recprof.nestpipe.knobs import BASELINE, invalid_reason, knobs_label  # noqa: E402
 from recprof.whatif.baseline import measure  # noqa: E402
@@ -75,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=REPO / "examples/configs/comm_bound.yaml")
     parser.add_argument("--nproc-per-node", type=int, default=2)
-    parser.add_argument("--emulated", metavar="RATE", default=None,
+    parser.add_argument("--emulated", metavar="RATE", type=link_rate, default=None,
                         help="run on the emulated two-node cluster with this inter-node tbf rate")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=8)
@@ -88,18 +90,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--trial-timeout", type=float, default=600.0)
     args = parser.parse_args()
-    if args.emulated:  # refused before the output folder is made
-        from emulated_cluster import rate_problem
-
-        if (problem := rate_problem(args.emulated)) is not None:
-            sys.exit(f"--emulated: {problem}")
     console = Console(width=None if sys.stdout.isatty() else 140)
     out = (args.out or Path(tempfile.mkdtemp(prefix="whatif-bench-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nnodes, template = 1, None
     if args.emulated:
-        from emulated_cluster import EmulatedCluster
-
         reason = EmulatedCluster.available()
         if reason is not None:
             sys.exit(f"the emulated cluster is not available here: {reason}")
@@ -137,8 +132,6 @@ def main() -> None:
         """The baseline captured on the emulated cluster. `recprof capture` wraps each node's
         torchrun, as it runs on each node of a real cluster (docs/capture.md, Limits), and
         the nodes' run folders are merged into one, re-analysed from all ranks' traces."""
-        from emulated_cluster import EmulatedCluster
-
         trial_dir, config = prepare(name, dict(BASELINE), captured=True)
         nodes = [trial_dir / f"capture-node{i}" for i in range(2)]
         wrappers = [[sys.executable, "-m", "recprof", "capture", "--out", str(node), *window,
