@@ -68,12 +68,13 @@ def _innermost(labels: LabelSpans, rows: np.ndarray, times: np.ndarray
         while nxt < len(order) and starts[order[nxt]] <= t:
             stack.append(order[nxt])
             nxt += 1
-        while stack and ends[stack[-1]] < t:
-            stack.pop()
-        open_ = [j for j in stack if ends[j] >= t]
-        if open_:
-            stage[i] = next((stages[j] for j in reversed(open_) if stages[j] >= 0), -1)
-            purpose[i] = next((purposes[j] for j in reversed(open_) if purposes[j] >= 0), -1)
+        # Times only grow, so a label closed before this time stays closed: drop it for
+        # good. Labels of other threads interleave (non-main threads share one sweep), so
+        # closed ones can sit anywhere in the stack, not only on top.
+        stack = [j for j in stack if ends[j] >= t]
+        if stack:
+            stage[i] = next((stages[j] for j in reversed(stack) if stages[j] >= 0), -1)
+            purpose[i] = next((purposes[j] for j in reversed(stack) if purposes[j] >= 0), -1)
     return np.array(stage, dtype=np.int16), np.array(purpose, dtype=np.int16)
 
 
