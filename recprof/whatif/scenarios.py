@@ -69,12 +69,22 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     colls: dict[str, Collective] = {}
     notes: list[str] = []
 
-    def coll(name: str, kind: str, members: tuple[int, ...], nbytes: float) -> str:
+    def coll(name: str, kind: str, members: tuple[int, ...], nbytes: float,
+             contended: bool = True) -> str:
         if name not in colls:
             colls[name] = Collective(members, 0.0)
-        cost = network.transfer_us(kind, members, nbytes)
+        cost = (network.transfer_us(kind, members, nbytes) if contended
+                else network.fitted(kind, members, nbytes))
         colls[name].transfer_us = max(colls[name].transfer_us, cost)
         return name
+
+    # HSP's collectives run one at a time once the gradient exchange is done, the main thread
+    # blocked on each. The contention calibrated on a capture without them is what its
+    # overlapped exchanges met (the gradient all-to-all beside the dense all-reduce and
+    # compute), which they do not meet: on the emulated link an HSP capture's 4.4 MB
+    # all-reduce took 44.5 ms, as long as one timed on an idle link (docs/whatif.md). With DBP
+    # the prefetch thread runs beside them, and they keep the factor.
+    hsp_contended = dbp or any(HSP_PURPOSE in rb.bytes_by_purpose for rb in base.ranks.values())
 
     fwd_row, bwd_row, hsp_row = wire_bytes(with_knobs(cfg, knobs))
     captured = sorted(base.ranks)
@@ -131,7 +141,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
             hsp = (("all_gather", KEY_BYTES), ("all_gather", tr.hsp_ids),
                    ("all_reduce", tr.hsp_rows * hsp_row))
             for i, (kind, nbytes) in enumerate(hsp):
-                name = coll(f"hsp{i}@{replicas}", kind, replicas, nbytes)
+                name = coll(f"hsp{i}@{replicas}", kind, replicas, nbytes, hsp_contended)
                 program += [Post(name, "embedding_grad_a2a"), Wait(name, "embedding_grad_a2a")]
         # The embedding half of the optimizer updates the rows this rank owns that were touched
         # (with HSP: the union over the replicas), the dense half the dense parameters.
@@ -148,6 +158,9 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         main[r] = program
     notes.append("the embedding optimizer half of `optimizer` (scaling with the rows it "
                  "updates) runs before the dense all-reduce wait, the dense half after it")
+    if groups > 1 and not hsp_contended:
+        notes.append("HSP's all-gathers and all-reduce, run one at a time with nothing beside "
+                     "them, move at the fitted lines without the calibrated contention")
     if n > 1:
         notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
                      "fixed per-op cost (ops per step x the ops' 10th-percentile duration) and "
@@ -162,6 +175,9 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     return Plan(main, prefetch, colls, notes)
 
 
+#: The purpose of HSP's collectives (the all-gathers of touched row ids and the all-reduce of
+#: their gradients across groups).
+HSP_PURPOSE = "hsp_embedding_grads"
 #: What a wire-precision knob (QComms, in TorchRec and in the trainer) shrinks.
 EMBEDDING_EXCHANGE = frozenset({"pooled_embeddings_fwd", "embedding_rows_fwd",
                                 "embedding_grads_bwd"})

@@ -218,3 +218,31 @@ def test_the_report_shows_the_quotes(captured: Path, tmp_path: Path) -> None:
                           cwd=REPO, env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert "Predicted by recprof whatif (unprofiled step" in html.read_text()
+
+
+def test_hsp_collectives_meet_the_calibrated_contention_only_beside_the_prefetch_thread(
+        captured: Path) -> None:
+    """HSP's collectives run one at a time after the gradient exchange: a capture without them
+    says nothing of their contention, and an HSP capture on the emulated link moved its
+    all-reduce as fast as an idle link. So, contention fitted or not, the HSP step must be
+    the same as with the factor set to 1 for them; with DBP (the prefetch thread beside
+    them) the factor applies, and a larger factor must lengthen the step."""
+    import dataclasses
+
+    from recprof.mirror.command import one_job
+    from recprof.whatif.baseline import measure
+    from recprof.whatif.predict import Predictor
+
+    p = Predictor(measure(one_job([captured])))
+    assert p.network.contention > 1.0  # the capture's contention was fitted
+    hsp = {"hsp_groups": 2}
+    with_dbp = {"hsp_groups": 2, "dbp": True}
+    base_hsp, base_dbp = p.predict(hsp).step_us, p.predict(with_dbp).step_us
+    p.network = dataclasses.replace(p.network, contention=p.network.contention * 3)
+    hsp_notes = " ".join(p.predict(hsp).assumptions)
+    assert "move at the fitted lines without the calibrated contention" in hsp_notes
+    # Tripled, the factor lengthens the other collectives (key routing, the dense all-reduce)
+    # but not HSP's: the increase is far below what HSP's all-reduce alone would add.
+    grew_hsp = p.predict(hsp).step_us - base_hsp
+    grew_dbp = p.predict(with_dbp).step_us - base_dbp
+    assert grew_dbp > 2 * grew_hsp, (grew_hsp, grew_dbp)
