@@ -101,8 +101,9 @@ class Network:
     #: its message per rank (nccl-tests' bus factor: an all-to-all (n-1)/n, a ring 2(n-1)/n)
     fitted_group: int
     inter_bytes_per_us: float | None = None  # None: one node, or the fits already span nodes
-    #: Multiplies every transfer: what the recorded step shows collectives cost beyond their
-    #: fitted lines (contention for cores and links while they run), from calibration.
+    #: Multiplies transfers (those the plan does not know to run alone: `fitted` leaves it
+    #: out): what the recorded step shows collectives cost beyond their fitted lines
+    #: (contention for cores and links while they run), from calibration.
     contention: float = 1.0
 
     def link(self, kind: str) -> LinkFit:
