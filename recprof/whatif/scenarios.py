@@ -83,8 +83,9 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     # overlapped exchanges met (the gradient all-to-all beside the dense all-reduce and
     # compute), which they do not meet: on the emulated link an HSP capture's 4.4 MB
     # all-reduce took 44.5 ms, as long as one timed on an idle link (docs/whatif.md). With DBP
-    # the prefetch thread runs beside them, and they keep the factor.
-    hsp_contended = dbp or any(HSP_PURPOSE in rb.bytes_by_purpose for rb in base.ranks.values())
+    # the prefetch thread runs beside them, and they keep the factor; so they do when the
+    # capture itself ran HSP (the factor was fitted with them).
+    hsp_contended = dbp or cfg.hsp_groups > 1
 
     fwd_row, bwd_row, hsp_row = wire_bytes(with_knobs(cfg, knobs))
     captured = sorted(base.ranks)
@@ -175,9 +176,6 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     return Plan(main, prefetch, colls, notes)
 
 
-#: The purpose of HSP's collectives (the all-gathers of touched row ids and the all-reduce of
-#: their gradients across groups).
-HSP_PURPOSE = "hsp_embedding_grads"
 #: What a wire-precision knob (QComms, in TorchRec and in the trainer) shrinks.
 EMBEDDING_EXCHANGE = frozenset({"pooled_embeddings_fwd", "embedding_rows_fwd",
                                 "embedding_grads_bwd"})
