@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from recprof.analysis import analyze_paths
+from recprof.analysis.intervals import IntervalSet
 from recprof.analysis.model import PARTITION
+from recprof.trace.model import ActivityClass
 
 pytestmark = pytest.mark.slow
 
@@ -56,3 +59,39 @@ def test_gloo_transfers_started_out_of_order_keep_their_own_enqueue() -> None:
     queue = [lengths, values]
     assert _enqueue_of(queue, 11.5, None) is lengths
     assert _enqueue_of(queue, 11.6, None) is None
+
+
+def _one_collective_in_an_op(tmp_path: Path, resume_us: float) -> float:
+    """Compute time of a hand-made one-step CPU trace: an op (0-1000 us) that enqueues an
+    all-to-all (100-200 us) whose gloo transfer runs 150-700 us, then runs a child op from
+    `resume_us`, and ends at 1000 us."""
+    from recprof.trace import build_rank_trace, read_trace
+
+    main, gloo = 10, 11
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": main,
+         "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "cpu_op", "name": "ExchangeRowsBackward", "pid": 1, "tid": main,
+         "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::alltoall_base_", "pid": 1, "tid": main,
+         "ts": 100, "dur": 100},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_to_all", "pid": 1, "tid": gloo,
+         "ts": 150, "dur": 550},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::index_select", "pid": 1, "tid": main,
+         "ts": resume_us, "dur": 50},
+    ]
+    path = tmp_path / f"rank0_{int(resume_us)}.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {
+        "backend": "gloo", "rank": 0, "world_size": 2}}))
+    acts = build_rank_trace(read_trace(path)).activities
+    compute = acts.klass == ActivityClass.COMPUTE
+    return float(IntervalSet.of(acts.start[compute], acts.end[compute]).total())
+
+
+def test_a_collective_waited_for_inside_an_op_is_not_its_compute(tmp_path: Path) -> None:
+    """A synchronous all-to-all inside an autograd Function blocks the thread inside the op:
+    from the enqueue's end (200 us) to when the thread resumes after the transfer (710 us)
+    is the wait, cut out of the op's compute. An async one (the thread resumes at 210 us,
+    long before the transfer ends) leaves the op whole."""
+    assert _one_collective_in_an_op(tmp_path, 710.0) == pytest.approx(1000 - 510)
+    assert _one_collective_in_an_op(tmp_path, 210.0) == pytest.approx(1000)

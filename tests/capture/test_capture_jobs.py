@@ -117,6 +117,14 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
     purposes = {(c.kind, c.purpose) for c in job.collectives}
     assert purposes == {("all_reduce", "dense_grads"), ("all_to_all", "embedding_grads_bwd"),
                         ("all_to_all", "unknown")}
+    # Every all-to-all of the example blocks the main thread, two of them inside an op
+    # (ExchangeRows' forward and its backward node): that wait is exposed, not compute.
+    for c in job.collectives:
+        if c.kind == "all_to_all":
+            assert c.exposed_us >= 0.9 * c.total_us, (c.purpose, c.exposed_us, c.total_us)
+    for rank in job.ranks:
+        grads = rank.stages["embedding_grad_a2a"]
+        assert grads.exposed_us_per_step >= 0.8 * grads.time_us_per_step, (rank.rank, grads)
     for finding in job.findings:
         assert set(finding.knobs) <= knobs_of("ddp"), finding.knobs
         # the only command a foreign job gets: tune a mirror of it (tests/mirror runs one)
