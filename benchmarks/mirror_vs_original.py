@@ -50,9 +50,12 @@ def capture(out: Path, world: int, job: list[str]) -> None:
                  + proc.stderr[-2000:])
 
 
-def measured(run: Path) -> JobFootprint:
-    job = analyze_paths([run / "traces"]).jobs[0]
-    return footprint(job, [read_rank_shape(Path(r.file)) for r in job.ranks])
+def measured(run: Path) -> tuple[JobFootprint, float | None]:
+    """The run's footprint from its recorded steps, and the median of its unprofiled steps
+    (the step logs: ~50 steps, where five recorded ones on a shared host move by 30%)."""
+    job = analyze_paths([run]).jobs[0]
+    unprofiled = job.run.unprofiled_step_us if job.run is not None else None
+    return footprint(job, [read_rank_shape(Path(r.file)) for r in job.ranks]), unprofiled
 
 
 def main() -> None:
@@ -77,11 +80,14 @@ def main() -> None:
                                           "--set", "steps=40", "--set", "warmup_steps=5",
                                           *(a for kv in args.mirror_set for a in ("--set", kv)),
                                           "--out", str(work / "mirror" / "trainer")])
-    original, copy = measured(work / "original"), measured(work / "mirror")
+    (original, original_free), (copy, copy_free) = (measured(work / "original"),
+                                                    measured(work / "mirror"))
     table = terminal.table(("per step and rank", "original", "mirror", "ratio"),
                            left=("per step and rank",))
     for label, a, b, fmt in (
             ("step ms", original.step_us / 1e3, copy.step_us / 1e3, "{:.2f}"),
+            ("unprofiled step ms", (original_free or 0) / 1e3, (copy_free or 0) / 1e3,
+             "{:.2f}"),
             ("dense fwd+bwd ms", original.dense_us / 1e3, copy.dense_us / 1e3, "{:.2f}"),
             ("exchange bytes", original.exchange_bytes, copy.exchange_bytes, "{:,.0f}"),
             ("all-to-alls", original.all_to_alls, copy.all_to_alls, "{:g}")):

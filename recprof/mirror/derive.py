@@ -23,7 +23,7 @@ from recprof.analysis.model import JobAnalysis
 from recprof.errors import RecprofError
 from recprof.mirror.keys import fit_zipf_alpha
 from recprof.mirror.shape import Linear, RankShape, most_common, read_rank_shape
-from recprof.nestpipe.config import TrainConfig, validate
+from recprof.nestpipe.config import DENSE_OPTIMIZERS, TrainConfig, validate
 
 
 @dataclass
@@ -145,6 +145,7 @@ def derive(job: JobAnalysis) -> Mirror:
                 "num_embeddings", "sharding", "dense_optimizer"):
         mirror.defaults[key] = f"{mirror.values[key]!r} (the trace does not show it)"
     _derive_model(mirror, job, world, shapes, linears)
+    _derive_runtime(mirror, shapes)
     mirror.footprint = footprint(job, shapes)
     _fit_key_skew(mirror, world)
     hosts = {r.host for r in job.ranks if r.host}
@@ -274,6 +275,33 @@ def _from_pooled_sums(mirror: Mirror, pooled: list[tuple[int, int, int, int]],
     if features is None:
         mirror.set("num_features", count,
                    "aten::sum over [batch, features, bag, dim] after aten::embedding")
+
+
+def _derive_runtime(mirror: Mirror, shapes: list[RankShape]) -> None:
+    """Where batches are made and which dense optimizer steps: both cost time in every step.
+
+    A job that makes its batches on the training thread pays for them in its step; the
+    trainer's default DataLoader worker would make them beside it instead, and on a small
+    host competes with the ranks for cores (the DDP example's mirror: 36 ms per step with one
+    worker per rank, 29 ms with none, on 2 cores). The trace cannot show a data source's
+    cost, only where it ran.
+    """
+    if any(s.loader_workers for s in shapes):
+        mirror.set("num_workers", mirror.values["num_workers"],
+                   "DataLoader worker processes made the batches (how many is not recorded)")
+    else:
+        mirror.set("num_workers", 0, "batches made on the training thread (no DataLoader "
+                   "with worker processes in the trace)")
+    stepped = {o.lower(): o for s in shapes for o in s.optimizers}
+    known = sorted(k for k in stepped if k in DENSE_OPTIMIZERS)
+    if len(known) == 1:
+        mirror.set("dense_optimizer", known[0],
+                   f"torch.optim's Optimizer.step#{stepped[known[0]]}.step label")
+    elif stepped:
+        mirror.defaults["dense_optimizer"] = (
+            f"{mirror.values['dense_optimizer']!r} (the trace steps "
+            f"{', '.join(sorted(stepped.values()))}; the trainer's choices are "
+            f"{'|'.join(DENSE_OPTIMIZERS)}, one for all dense layers)")
 
 
 def _check(mirror: Mirror, world: int) -> None:

@@ -15,11 +15,16 @@ examples/ddp_sharded_embedding.py):
   a gathered block of unique rows);
 - `aten::sum` / `aten::mean` over a 4-D input `[batch, features, bag, dim]`: pooling done by
   hand after `aten::embedding` (examples/ddp_sharded_embedding.py sums `[512, 8, 4, 32]` over
-  its bag axis), so the features and the ids per bag.
+  its bag axis), so the features and the ids per bag;
+- `Optimizer.step#SGD.step` (torch.optim labels every optimizer's step): the dense optimizer;
+- `enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__`: batches made by DataLoader
+  worker processes; `_SingleProcessDataLoaderIter`, or no DataLoader at all (TorchRec's golden
+  DLRM iterates its dataset; the DDP example draws batches inline), on the training thread.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +75,8 @@ class RankShape:
     pooled: list[tuple[int, int, int, int]] = field(default_factory=list)
     # (batch, features, bag, dim) of one step's sums or means over a 4-D input
     fused_sparse_us: float = 0.0  # per step: TorchRec's sparse update inside the backward
+    optimizers: set[str] = field(default_factory=set)  # torch.optim classes stepped
+    loader_workers: bool = False  # a DataLoader with worker processes made the batches
 
 
 def _int(value: Any) -> int | None:
@@ -105,6 +112,11 @@ def _table_batch(dims: list[Any]) -> TableBatch | None:
     return TableBatch(weights[0], tables[0], indices[0], offsets[0] - 1)
 
 
+#: torch.optim's label around every `Optimizer.step`, naming the optimizer's class.
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+#: A DataLoader whose batches come from worker processes (labelled by its iterator's class).
+_WORKER_LOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter"
+
 #: The ops whose input shapes say what the model is (the module docstring).
 _POOLING_OPS = frozenset({"aten::sum", "aten::mean"})
 _SHAPE_OPS = frozenset({"aten::linear", TBE_FORWARD_CPU, "aten::embedding", "aten::embedding_bag",
@@ -121,6 +133,8 @@ def read_rank_shape(path: Path) -> RankShape:
     raw = read_trace(path)
     steps: list[tuple[float, float]] = []
     fused = 0.0
+    optimizers: set[str] = set()
+    workers = False
     ops: list[tuple[Any, str, TraceEvent]] = []  # (ts, name, event) of shape ops, file order
     for e in raw.consume():
         name, ts, dur = e.name, e.ts, e.dur
@@ -132,9 +146,16 @@ def read_rank_shape(path: Path) -> RankShape:
             fused += float(dur)
         if name in _SHAPE_OPS and _is_time(ts):
             ops.append((ts, name, e))
+        elif name.startswith("Optimizer.step#"):
+            stepped = _OPTIMIZER_STEP.match(name)
+            if stepped:
+                optimizers.add(stepped.group(1))
+        elif name.startswith(_WORKER_LOADER):
+            workers = True
     steps.sort()
     first = steps[0] if steps else (float("-inf"), float("inf"))
-    shape = RankShape(path=path, steps=len(steps))
+    shape = RankShape(path=path, steps=len(steps), optimizers=optimizers,
+                      loader_workers=workers)
     shape.fused_sparse_us = fused / max(len(steps), 1)
     for ts, name, event in sorted(ops, key=lambda op: op[0]):
         if not first[0] <= ts < first[1]:

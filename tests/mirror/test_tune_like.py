@@ -64,6 +64,8 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     # The example pools [batch, 8 features, 4 ids, dim] by hand (its default --features and
     # --bag): the trainer's bag_size draws 1..7 ids, 4 on average.
     assert (values["num_features"], values["bag_size"]) == (8, 7)
+    # its batches are drawn inline and one torch.optim.SGD steps it
+    assert (values["num_workers"], values["dense_optimizer"]) == (0, "sgd")
     assert any(ln.startswith("# bag_size: aten::sum over [batch, features, bag, dim] = "
                              "[128, 8, 4, 32]") for ln in header), header
     assert any("calibrated in" in ln for ln in header), header  # DDP's dense is not DLRM's

@@ -25,7 +25,9 @@ def test_mirror_is_the_golden_jobs_shape(golden_run: Path) -> None:
     mirror = derive(job)
     expected = {"batch_size": BATCH * WORLD, "num_dense": DENSE, "num_features": FEATURES,
                 "num_tables": FEATURES, "embedding_dim": DIM, "num_embeddings": ROWS,
-                "bottom_mlp": BOTTOM, "top_mlp": TOP, "bag_size": 1, "sharding": "table"}
+                "bottom_mlp": BOTTOM, "top_mlp": TOP, "bag_size": 1, "sharding": "table",
+                # train_dlrm.py iterates RandomRecDataset itself and steps torch's Adagrad
+                "num_workers": 0, "dense_optimizer": "adagrad"}
     assert {k: mirror.values[k] for k in expected} == expected
     assert set(expected) <= set(mirror.sources)  # each from the trace, none a default
     assert mirror.exact_dense
