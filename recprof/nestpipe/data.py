@@ -109,27 +109,45 @@ class SyntheticSource:
         self.dense_w = rng.normal(0.0, 0.5 / np.sqrt(cfg.num_dense), cfg.num_dense)
 
     def global_batch(self, stream: int, index: int) -> Batch:
+        return self.samples(stream, index, 0, self.cfg.batch_size)
+
+    def samples(self, stream: int, index: int, lo: int, hi: int) -> Batch:
+        """Samples [lo, hi) of global batch `index`, equal to `global_batch(...).slice(lo, hi)`.
+
+        Every random number of the global batch is drawn (0.2 of its 2.7 ms at 1,024 samples
+        x 8 features x 4 ids), so the stream is the same whatever the slice; ids, scores and
+        labels are computed for the slice only. A rank makes its own samples, not the whole
+        world's: with every rank building the global batch, data loading grew with the
+        world size.
+        """
         cfg = self.cfg
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, stream, index]))
-        size, nf = cfg.batch_size, cfg.num_features
-        dense = rng.standard_normal((size, cfg.num_dense)).astype(np.float32)
-        lengths = rng.integers(1, cfg.bag_size + 1, (nf, size))
-        logit = dense.astype(np.float64) @ self.dense_w
-        # Every feature's draws at once: the same numbers, in the same order, as one draw per
-        # feature (a Generator's stream does not depend on how it is split into calls).
+        size, nf, n = cfg.batch_size, cfg.num_features, hi - lo
+        dense = rng.standard_normal((size, cfg.num_dense)).astype(np.float32)[lo:hi]
+        every_length = rng.integers(1, cfg.bag_size + 1, (nf, size))
+        uniform = rng.random(int(every_length.sum()))
+        coin = rng.random(size)[lo:hi]
+        lengths = every_length[:, lo:hi]
+        # Draws are feature-major, bags in sample order: the slice's ids of feature f are one
+        # run of f's draws, after f's earlier features and its samples before lo.
         per_feature = lengths.sum(axis=1)
+        before = np.cumsum(every_length.sum(axis=1)) - every_length.sum(axis=1)
+        first = before + every_length[:, :lo].sum(axis=1)
         feature = np.repeat(np.arange(nf), per_feature)
-        raw = self.perm[feature, np.minimum(_draw(self.cdf, rng.random(int(per_feature.sum()))),
+        within = np.arange(int(per_feature.sum())) - np.repeat(np.cumsum(per_feature)
+                                                               - per_feature, per_feature)
+        raw = self.perm[feature, np.minimum(_draw(self.cdf, uniform[first[feature] + within]),
                                             cfg.vocab_size - 1)]
-        bag = np.repeat(np.tile(np.arange(size), nf), lengths.ravel())
-        sums = np.bincount(feature * size + bag, self.scores[feature, raw], nf * size)
+        logit = dense.astype(np.float64) @ self.dense_w
+        bag = np.repeat(np.tile(np.arange(n), nf), lengths.ravel())
+        sums = np.bincount(feature * n + bag, self.scores[feature, raw], nf * n)
         for f in range(nf):  # feature by feature, as the sum was always taken
-            logit += sums[f * size:(f + 1) * size] / lengths[f]
-        labels = rng.random(size) < 1.0 / (1.0 + np.exp(-logit))
+            logit += sums[f * n:(f + 1) * n] / lengths[f]
+        labels = coin < 1.0 / (1.0 + np.exp(-logit))
         return Batch(
-            dense=torch.from_numpy(dense),
+            dense=torch.from_numpy(np.ascontiguousarray(dense)),
             ids=torch.from_numpy(raw.astype(np.int64)),
-            lengths=torch.from_numpy(lengths.astype(np.int64)),
+            lengths=torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             labels=torch.from_numpy(labels.astype(np.float32)),
         )
 
@@ -201,7 +219,7 @@ class StepDataset(IterableDataset):
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         if self.source is not None:
             for index in range(wid, self.count, nw):
-                yield self.source.global_batch(self.stream, index).slice(self.lo, self.hi)
+                yield self.source.samples(self.stream, index, self.lo, self.hi)
         else:
             yield from self._tsv(wid, nw)
 

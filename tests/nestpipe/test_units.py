@@ -67,6 +67,19 @@ def test_generator_keeps_the_stream_of_one_draw_per_feature(overrides: list[str]
             assert np.array_equal(tensor.numpy(), want)
 
 
+@pytest.mark.parametrize("overrides", [
+    [], ["batch_size=37", "num_features=3", "vocab_size=10", "bag_size=1", "zipf_alpha=1.6"],
+    ["batch_size=256", "num_features=26", "vocab_size=5000", "bag_size=20", "seed=7"],
+])
+def test_a_ranks_own_samples_are_its_slice_of_the_global_batch(overrides: list[str]) -> None:
+    """A rank generates only its slice, bit for bit the slice of the global batch."""
+    source = SyntheticSource(load_config(TINY, overrides))
+    size = source.cfg.batch_size
+    whole = source.global_batch(TRAIN_STREAM, 4)
+    for lo, hi in [(0, size // 2), (size // 2, size), (3, size - 1), (size - 1, size)]:
+        assert _same(source.samples(TRAIN_STREAM, 4, lo, hi), whole.slice(lo, hi)), (lo, hi)
+
+
 def test_loader_workers_keep_step_order_and_determinism() -> None:
     cfg = load_config(TINY, ["num_workers=2"])
     source = SyntheticSource(cfg)
