@@ -141,6 +141,9 @@ class ShardedEmbeddings:
         self.dim = cfg.dim
         self.layout = Layout(cfg.table_rows(), groups.group_size, cfg.sharding)
         self.table_of_feature = [f % cfg.num_tables for f in range(cfg.num_features)]
+        # Tables' rows side by side in one key space (see _dedup).
+        self._table_rows = torch.tensor(self.layout.rows, device=device)
+        self._table_base = torch.cumsum(self._table_rows, 0) - self._table_rows
         num_tables = cfg.num_tables
         self.comm_groups = [list(range(num_tables))] if cfg.fuse_tables else [
             [t] for t in range(num_tables)
@@ -242,33 +245,35 @@ class ShardedEmbeddings:
 
         Returns one unit per comm group, (packed keys sorted by owner, rows per owner, the
         sort order), and per micro-batch the index of each id in the window's row buffer.
+        All of a group's tables are deduplicated at once, each table's rows offset past the
+        earlier tables' (`_table_base`), so the unique keys come out table by table, rows
+        sorted, as one unique per table gave them: one pass instead of one per table (26
+        tables, as TorchRec's golden DLRM has, cost 1.05 ms per window that way).
         """
         ids = [_feature_ids(mb) for mb in micro]
         index: dict[tuple[int, int], torch.Tensor] = {}  # (micro-batch, feature) -> rows
         units, base = [], 0
         for tables in self.comm_groups:
-            owners, packed = [], []
-            for t in tables:
-                segs = [(m, f) for m in range(len(micro))
-                        for f, tt in enumerate(self.table_of_feature) if tt == t]
-                sizes = [ids[m][f].shape[0] for m, f in segs]
-                flat = torch.cat([ids[m][f] for m, f in segs]) % self.layout.rows[t]
-                uniq, inverse = torch.unique(flat, return_inverse=True)
-                user = torch.repeat_interleave(
-                    torch.tensor([m for m, _ in segs], device=self.device),
-                    torch.tensor(sizes, device=self.device))
-                first = torch.full_like(uniq, len(micro)).scatter_reduce_(0, inverse, user, "amin")
-                last = torch.zeros_like(uniq).scatter_reduce_(0, inverse, user, "amax")
-                for seg, rows in zip(segs, torch.split(inverse, sizes), strict=True):
-                    index[seg] = rows + base
-                owner, slot = self.layout.locate(t, uniq)
-                owners.append(owner)
-                packed.append(_pack(slot, first, last))
-                base += uniq.shape[0]
-            owner = torch.cat(owners)
+            segs = [(m, f) for m in range(len(micro))
+                    for f, t in enumerate(self.table_of_feature) if t in tables]
+            sizes = torch.tensor([ids[m][f].shape[0] for m, f in segs], device=self.device)
+            table = torch.repeat_interleave(torch.tensor(
+                [self.table_of_feature[f] for _, f in segs], device=self.device), sizes)
+            user = torch.repeat_interleave(
+                torch.tensor([m for m, _ in segs], device=self.device), sizes)
+            flat = torch.cat([ids[m][f] for m, f in segs])
+            keys = self._table_base[table] + flat % self._table_rows[table]
+            uniq, inverse = torch.unique(keys, return_inverse=True)
+            first = torch.full_like(uniq, len(micro)).scatter_reduce_(0, inverse, user, "amin")
+            last = torch.zeros_like(uniq).scatter_reduce_(0, inverse, user, "amax")
+            for seg, rows in zip(segs, torch.split(inverse, sizes.tolist()), strict=True):
+                index[seg] = rows + base
+            of = torch.searchsorted(self._table_base, uniq, right=True) - 1
+            owner, slot = self.layout.locate(of, uniq - self._table_base[of])
             order = torch.argsort(owner, stable=True)
             counts = torch.bincount(owner, minlength=self.groups.group_size)
-            units.append((torch.cat(packed)[order], counts, order))
+            units.append((_pack(slot, first, last)[order], counts, order))
+            base += uniq.shape[0]
         pool_index = [torch.cat([index[m, f] for f in range(len(ids[m]))])
                       for m in range(len(micro))]
         return units, pool_index

@@ -83,18 +83,21 @@ class Layout:
         first = (shard - table) % self.size
         return max(0, (self.rows[table] - first + self.size - 1) // self.size)
 
-    def locate(self, table: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(owner shard, local slot) for rows of one table.
+    def locate(self, table: int | torch.Tensor, rows: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner shard, local slot) for rows of one table, or of the table beside each row.
 
         Row-wise: owner = (row + table) mod G, so hot rows (any ids) spread evenly and tables
         start on different shards; table-wise: the whole table on shard table mod G, which is
         imbalanced whenever tables differ in size or traffic.
         """
+        table = torch.as_tensor(table, device=rows.device).expand_as(rows)
+        offsets = self.offsets.to(rows.device)
         if self.sharding == "table":
-            owner = torch.full_like(rows, table % self.size)
-            return owner, rows + int(self.offsets[table % self.size, table])
+            owner = table % self.size
+            return owner, rows + offsets[owner, table]
         owner = (rows + table) % self.size
-        return owner, self.offsets[:, table].to(rows.device)[owner] + rows // self.size
+        return owner, offsets[owner, table] + rows // self.size
 
     def shard_rows(self, table: int, shard: int) -> torch.Tensor:
         """Global row ids of `table` held by `shard`, in local-slot order."""
