@@ -30,7 +30,8 @@ from recprof.analysis.frameworks import (
     BALANCE,
     DATA,
     DENSE_COMM,
-    FEWER_MESSAGES,
+    FEWER_EXCHANGES,
+    FEWER_REDUCTIONS,
     H2D,
     LAUNCH,
     LOCALITY,
@@ -479,7 +480,8 @@ def rule_small_messages(facts: JobFacts) -> Finding | None:
             estimate=(f"the small messages' bytes sent at the large-message bandwidth take "
                       f"{_ms(fused_us)}; counting only their exposed share, up to "
                       f"{_ms(recoverable)} per step"),
-            recoverable_us=recoverable, mechanisms=(FEWER_MESSAGES,),
+            recoverable_us=recoverable,
+            mechanisms=(FEWER_EXCHANGES if c.kind == "all_to_all" else FEWER_REDUCTIONS,),
         )
         if best is None or found.recoverable_us_per_step > best.recoverable_us_per_step:
             best = found

@@ -67,7 +67,8 @@ SHRINK = "shrink"  # fewer bytes per embedding exchange
 LOCALITY = "locality"  # keep the embedding exchange inside a node (group)
 BALANCE = "balance"  # even out the ranks
 DENSE_COMM = "dense_comm"  # hide or shrink the dense gradient all-reduce
-FEWER_MESSAGES = "fewer_messages"  # fewer, larger collectives
+FEWER_EXCHANGES = "fewer_exchanges"  # fewer, larger all-to-alls
+FEWER_REDUCTIONS = "fewer_reductions"  # fewer, larger all-reduces (and other collectives)
 H2D = "h2d"  # hide the host-to-device copy
 DATA = "data"  # feed the steps faster
 LAUNCH = "launch"  # GPU: fewer, cheaper kernel launches
@@ -117,9 +118,12 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         DENSE_COMM: Remedy((), "No trainer knob changes the dense all-reduce: it is started "
                                "before the row-gradient wait already; a larger batch "
                                "amortises it."),
-        FEWER_MESSAGES: Remedy(("fuse_tables", "micro_batches"),
-                               "fuse_tables=true sends one all-to-all per embedding dimension "
-                               "instead of one per table; fewer micro_batches make each larger."),
+        FEWER_EXCHANGES: Remedy(("fuse_tables", "micro_batches"),
+                                "fuse_tables=true sends one all-to-all per embedding dimension "
+                                "instead of one per table; fewer micro_batches make each "
+                                "larger."),
+        FEWER_REDUCTIONS: Remedy((), "The trainer sends its dense gradients (and the loss) as "
+                                     "one all-reduce already; a larger batch amortises it."),
         H2D: Remedy(("dbp", "pin_memory", "num_workers"),
                     "dbp=true loads the next batch (pinned with pin_memory=true) and issues its "
                     "non-blocking copy from a prefetch thread while this batch computes. The "
@@ -169,10 +173,15 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
             "DistributedModelParallel syncs the dense part with DDP through its data-parallel "
             "wrapper: DefaultDataParallelWrapper(bucket_cap_mb=...) starts the all-reduce earlier "
             "in backward, allreduce_comm_precision='bf16' halves its bytes."),
-        FEWER_MESSAGES: Remedy(
+        FEWER_EXCHANGES: Remedy(
             ("ShardingType", "EmbeddingShardingPlanner"),
             "TorchRec already fuses the tables of one sharding type into one all-to-all: fewer "
             "sharding types (or fewer tables with distinct dims) mean fewer, larger ones."),
+        FEWER_REDUCTIONS: Remedy(
+            ("DefaultDataParallelWrapper bucket_cap_mb",),
+            "DistributedModelParallel syncs the dense part with DDP through its data-parallel "
+            "wrapper: a larger DefaultDataParallelWrapper(bucket_cap_mb=...) packs the "
+            "gradients into fewer, larger all-reduces."),
         H2D: Remedy(("TrainPipelineSparseDist", "DataLoader pin_memory"),
                     "TrainPipelineSparseDist copies the next batch on its own memcpy stream; "
                     "pin the DataLoader's memory so the copy can be asynchronous."),
@@ -192,9 +201,14 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         BALANCE: Remedy(("embedding sharding",),
                         "Even out the ranks: shard hot tables by row (hash) rather than by table."),
         DENSE_COMM: _DDP_DENSE,
-        FEWER_MESSAGES: Remedy(("DDP bucket_cap_mb",),
-                               "Fewer, larger messages: a larger bucket_cap_mb for DDP's "
-                               "all-reduce; one all_to_all for all tables instead of one each."),
+        FEWER_EXCHANGES: Remedy(("one all_to_all_single per exchange",),
+                                "Fewer, larger all-to-alls: send every table's (or feature's) "
+                                "ids in one all_to_all_single and their rows back in one, and "
+                                "carry the split sizes once per step, instead of a collective "
+                                "per table, feature or piece."),
+        FEWER_REDUCTIONS: Remedy(("DDP bucket_cap_mb",),
+                                 "A larger bucket_cap_mb packs DDP's gradients into fewer, "
+                                 "larger all-reduces."),
         H2D: Remedy(("DataLoader pin_memory", "non_blocking copy"),
                     "Pin the DataLoader's memory and copy with non_blocking=True on a side "
                     "stream, one batch ahead."),
@@ -209,6 +223,10 @@ _GENERAL = {
     DENSE_COMM: Remedy(("communication/computation overlap", "gradient compression"),
                        "Overlap the collective with independent compute (asynchronous "
                        "collectives, the framework's overlap options) or compress what it sends."),
+    FEWER_REDUCTIONS: Remedy(("collective bucket size",),
+                             "Fewer, larger collectives: raise the framework's bucket size "
+                             "for gradients or parameters, or coalesce small tensors into "
+                             "one call."),
 }
 
 

@@ -17,6 +17,8 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 
 import pytest
@@ -100,6 +102,14 @@ def test_small_messages(facts_of: Callable[[str], JobFacts]) -> None:
     f = _check(rule_small_messages(facts), facts)
     assert "small all-to-all messages" in f.headline
     assert rule_small_messages(facts_of("megatron")) is None
+    # The remedy follows the collective: fewer all-to-alls for small all-to-alls, DDP's
+    # bucket size only for small all-reduces (it packs gradients, not embedding exchanges).
+    ddp = dataclasses.replace(facts, framework="ddp")
+    assert rule_small_messages(ddp).knobs == ["one all_to_all_single per exchange"]
+    reduces = dataclasses.replace(ddp, collectives=[
+        dataclasses.replace(c, kind="all_reduce") for c in ddp.collectives])
+    assert rule_small_messages(reduces).knobs == ["DDP bucket_cap_mb"]
+    assert rule_small_messages(dataclasses.replace(reduces, framework="nestpipe")).knobs == []
 
 
 def test_exposed_h2d(facts_of: Callable[[str], JobFacts]) -> None:
