@@ -18,7 +18,6 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 
 import pytest
