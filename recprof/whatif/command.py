@@ -109,4 +109,4 @@ def _row(s: Scenario, result: WhatIf) -> list[str]:
     rate = f"{samples / step * 1e6:,.0f}" if samples else "-"
     change = (step - result.baseline_step_us) / result.baseline_step_us
     return [escape(_label(s)), f"{step / 1e3:.2f}", rate, f"{change:+.1%}",
-            escape(s.moved_stage(result.baseline_stages) or "-")]
+            escape(s.moved_stage() or "-")]

@@ -56,10 +56,17 @@ class Scenario:
     assumptions: list[str] = field(default_factory=list)
     refused: str | None = None
     samples_per_step: int | None = None  # global samples of one step (grows with world size)
+    critical_rank: int | None = None  # the rank whose program sets the step; `stages` are its
+    #: The baseline replay's stages on the rank `critical_rank` replicates: what "moved" is
+    #: read against. Against the baseline's own critical rank, a change that hands the
+    #: critical path to the other rank read as every stage moving (TorchRec's golden DLRM,
+    #: qcomms=fp16, in one CI run).
+    stages_before: dict[str, float] = field(default_factory=dict)
 
-    def moved_stage(self, baseline: dict[str, float]) -> str | None:
-        """The stage whose time changes most against the baseline's replay, or None when no
-        stage moves by more than `STILL` of the step."""
+    def moved_stage(self) -> str | None:
+        """The stage whose time changes most against `stages_before`, or None when no stage
+        moves by more than `STILL` of the step."""
+        baseline = self.stages_before
         names = set(self.stages) | set(baseline)
         if not names or self.step_us is None:
             return None
@@ -73,6 +80,7 @@ class WhatIf:
     baseline_step_us: float  # measured unprofiled (or profiled, when uncalibrated)
     baseline_knobs: dict[str, Any]
     baseline_stages: dict[str, float]
+    baseline_critical_rank: int
     calibrated: bool
     calibration: str
     compute_scale: float
@@ -84,13 +92,16 @@ class WhatIf:
         return {
             "schema": SCHEMA,
             "baseline": {"step_us": self.baseline_step_us, "knobs": self.baseline_knobs,
-                         "stages": self.baseline_stages, "calibrated": self.calibrated,
+                         "stages": self.baseline_stages,
+                         "critical_rank": self.baseline_critical_rank,
+                         "calibrated": self.calibrated,
                          "calibration": self.calibration, "compute_scale": self.compute_scale,
                          "links": self.fits},
             "scenarios": [
                 {"knobs": s.knobs, "step_us": s.step_us, "stages": s.stages,
+                 "critical_rank": s.critical_rank, "stages_before": s.stages_before,
                  "samples_per_step": s.samples_per_step,
-                 "moved_stage": s.moved_stage(self.baseline_stages),
+                 "moved_stage": s.moved_stage(),
                  "assumptions": s.assumptions, "refused": s.refused}
                 for s in self.scenarios
             ],
@@ -315,8 +326,13 @@ class Predictor:
             assumptions.append("the capture's embedding exchange is fp32; the quantise and "
                                "dequantise kernels' own cost is not included")
         samples = self.cfg.batch_size // self.base.world * world if self.cfg else None
+        before = self.baseline_replay
+        ranks = sorted(before.ranks)
+        same = ranks[result.critical_rank % len(ranks)]  # ranks beyond replicate the captured
         return Scenario(change, step_us=result.step_us, stages=result.stages,
-                        assumptions=assumptions, samples_per_step=samples)
+                        assumptions=assumptions, samples_per_step=samples,
+                        critical_rank=result.critical_rank,
+                        stages_before=dict(before.ranks[same].stage_us))
 
     def single_knob_changes(self) -> list[dict[str, Any]]:
         """Every single-knob change of the tuner's default space on this job (for a job that
@@ -337,6 +353,7 @@ class Predictor:
             baseline_knobs={k: v for k, v in self.knobs.items()
                             if self.cfg is None or k in searched_by_default()},
             baseline_stages=self.baseline_replay.stages,
+            baseline_critical_rank=self.baseline_replay.critical_rank,
             calibrated=self.calibrated, calibration=self.calibration, compute_scale=self.scale,
             fits=[f.describe() for f in self.base.links.values()], scenarios=scenarios,
             samples_per_step=self.cfg.batch_size if self.cfg else None,

@@ -246,3 +246,23 @@ def test_hsp_collectives_meet_the_calibrated_contention_only_beside_the_prefetch
     grew_hsp = p.predict(hsp).step_us - base_hsp
     grew_dbp = p.predict(with_dbp).step_us - base_dbp
     assert grew_dbp > 2 * grew_hsp, (grew_hsp, grew_dbp)
+
+
+def test_what_moved_is_read_on_the_rank_that_sets_the_step(captured: Path) -> None:
+    """Each scenario's stages are its critical rank's, and what moved is read against the
+    baseline replay of that same rank (a rank beyond the captured ones against the one it
+    replicates): against the baseline's critical rank, a change that hands the critical path
+    to the other rank read as every stage moving."""
+    from recprof.mirror.command import one_job
+    from recprof.whatif.baseline import measure
+    from recprof.whatif.predict import Predictor
+
+    p = Predictor(measure(one_job([captured])))
+    before = p.baseline_replay.ranks
+    for change in ({"qcomms": "fp16"}, {"world_size": 4, "inter_node_gbit": 10}):
+        s = p.predict(change)
+        assert s.critical_rank is not None and s.step_us is not None, s.refused
+        assert s.stages_before == before[s.critical_rank % len(before)].stage_us, change
+    # the baseline itself: nothing moved
+    same = p.predict({})
+    assert same.critical_rank == p.baseline_replay.critical_rank and same.moved_stage() is None
