@@ -214,7 +214,7 @@ class Predictor:
         """The wire format's encode/decode cost beyond the baseline's, relative to a gather."""
         own = self._codec_ratio(self.knobs["qcomms"])
         new = self._codec_ratio(qcomms)
-        return CodecCost(new[0] - own[0], new[1] - own[1])
+        return CodecCost(fwd=new[0] - own[0], bwd=new[1] - own[1])
 
     def _codec_ratio(self, qcomms: str) -> tuple[float, float]:
         if qcomms not in self._codec:
@@ -394,10 +394,17 @@ _CODEC_TABLE_ROWS = 1 << 18
 
 
 def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
-    """(encode, decode) time of `rows` rows in `qcomms` relative to gathering the same rows
-    with `index_select` (what the owners' lookup does), timed here with the trainer's codec at
-    the job's own size: at a few thousand rows both are mostly per-op cost, so a ratio taken
-    at another size would not carry over."""
+    """(forward, backward) encode + decode time of `rows` rows in `qcomms`, each relative to
+    gathering as many rows with `index_select` (what the owners' lookup does), timed here with
+    the trainer's codecs at the job's own size: at a few thousand rows both are mostly per-op
+    cost, so a ratio taken at another size would not carry over.
+
+    Each timed gather takes rows not gathered just before: the lookup meets new rows every
+    step, and a gather repeated on the same rows ran from cache, 0.07 ms for 10,000 rows of 64,
+    which made every codec look many gathers long (fp8's forward decode 46 of them, where the
+    trainer's fp8 steps measured faster than fp16's). The directions differ: fp8 sends e4m3
+    forward, whose conversion back to float32 took 1.6 ms for those rows, and e5m2 backward,
+    0.2 ms."""
     import torch
 
     from recprof.nestpipe.qcomms import Codec
@@ -407,25 +414,30 @@ def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
     # The job's own table size (up to a bound), so the gather meets the caches its lookup
     # meets; one thread, as each rank of the trainer runs (torchrun sets OMP_NUM_THREADS=1).
     table = torch.rand(min(max(sum(cfg.table_rows()), 1), _CODEC_TABLE_ROWS), dim, dtype=dtype)
-    index = torch.randint(0, table.shape[0], (max(rows, 1),))
-    codec = Codec(qcomms, "fwd", dtype)
+    indices = [torch.randint(0, table.shape[0], (max(rows, 1),)) for _ in range(_CODEC_REPEATS)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
 
-    def best(fn) -> float:
+    def best(fn: Callable[[int], object]) -> float:
         times = []
-        for _ in range(_CODEC_REPEATS):
+        for i in range(_CODEC_REPEATS):
             t = time.perf_counter()
-            fn()
+            fn(i)
             times.append(time.perf_counter() - t)
         return min(times)
 
     try:
-        rows = table.index_select(0, index)
-        gather = best(lambda: table.index_select(0, index))
-        wire = codec.encode(rows)
-        encode = best(lambda: codec.encode(rows))
-        decode = best(lambda: codec.decode(wire, dim))
+        gather = best(lambda i: table.index_select(0, indices[i]))
+        gathered = table.index_select(0, indices[0])
+        fwd, bwd = (_round_trip(Codec(qcomms, d, dtype), gathered, dim, best) / gather
+                    for d in ("fwd", "bwd"))
     finally:
         torch.set_num_threads(threads)
-    return encode / gather, decode / gather
+    return fwd, bwd
+
+
+def _round_trip(codec: Any, rows: Any, dim: int, best: Callable[[Callable[[int], object]], float]
+                ) -> float:
+    """The best encode plus the best decode time of `rows` through `codec`."""
+    wire = codec.encode(rows)
+    return best(lambda _: codec.encode(rows)) + best(lambda _: codec.decode(wire, dim))

@@ -45,12 +45,13 @@ class Plan:
 
 @dataclass(frozen=True)
 class CodecCost:
-    """Encode and decode time of the wire format, as a multiple of the owners' row gather
-    (`embedding_lookup`, which moves the same rows): measured on this machine by timing the
-    trainer's own codec against `index_select` on rows of the job's shape."""
+    """Encode + decode time of the wire format per direction (fp8 uses another format each
+    way), as a multiple of the owners' row gather (`embedding_lookup`, which moves the same
+    rows): measured on this machine by timing the trainer's own codecs against `index_select`
+    on rows of the job's shape (predict.measure_codec)."""
 
-    encode: float
-    decode: float
+    fwd: float
+    bwd: float
 
 
 def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, reference: Traffic,
@@ -100,8 +101,8 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         returned = _ratio(sum(tr.rows_bwd), sum(ref.rows_bwd))
         gather = c.get("embedding_lookup", 0.0)
         lookup = gather * fetched
-        codec_fwd = gather * fetched * (codec.encode + codec.decode)
-        codec_bwd = gather * returned * (codec.encode + codec.decode)
+        codec_fwd = gather * fetched * codec.fwd
+        codec_bwd = gather * returned * codec.bwd
         fetch: Program = [
             Compute("data_loading", c.get("data_loading", 0.0)),
             Compute("input_dist", c.get("input_dist", 0.0)),

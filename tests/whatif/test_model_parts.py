@@ -130,3 +130,45 @@ def test_network_sends_the_cross_node_share_over_the_slow_link() -> None:
     # the inter-node link never moves bytes faster than the hosts did in the capture
     fast = Network({"all_to_all": fit}, 2, 4, inter_bytes_per_us=1e6)
     assert fast.transfer_us("all_to_all", (0, 1, 2, 3), 1000.0) == pytest.approx(20.0)
+
+
+def test_codec_cost_is_measured_against_a_cold_gather_per_direction() -> None:
+    """The codec's cost is a multiple of the owners' gather, which in the trainer meets new
+    rows every step. Timed against a gather repeated on the same (then cached) rows, fp8's
+    forward decode read as ~46 gathers and the model predicted fp8 slower than fp32, where
+    it ran fastest of the grid. Here the ratio times a cold gather must come out near the
+    codec's own time, for each direction's format."""
+    import time
+
+    torch = pytest.importorskip("torch")
+    from recprof.nestpipe.config import TrainConfig
+    from recprof.nestpipe.qcomms import Codec
+    from recprof.whatif.predict import measure_codec
+
+    cfg = TrainConfig(num_tables=8, num_embeddings=50_000, embedding_dim=64)
+    rows = 10_000
+    fwd, bwd = measure_codec(cfg, "fp8", rows)
+    table = torch.rand(sum(cfg.table_rows()), 64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def best(fn, repeats: int = 20) -> float:
+        times = []
+        for i in range(repeats):
+            t = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    try:
+        index = [torch.randint(0, table.shape[0], (rows,)) for _ in range(20)]
+        cold = best(lambda i: table.index_select(0, index[i]))
+        gathered = table.index_select(0, index[0])
+        for ratio, direction in ((fwd, "fwd"), (bwd, "bwd")):
+            codec = Codec("fp8", direction)
+            wire = codec.encode(gathered)
+            own = best(lambda _, c=codec: c.encode(gathered)) + best(
+                lambda _, c=codec, w=wire: c.decode(w, 64))
+            assert 0.4 < ratio * cold / own < 2.5, (direction, ratio, cold, own)
+    finally:
+        torch.set_num_threads(threads)
