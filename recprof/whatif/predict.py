@@ -211,12 +211,12 @@ class Predictor:
         return self._traffic[key]
 
     def _codec_cost(self, qcomms: str) -> CodecCost:
-        """The wire format's encode/decode cost beyond the baseline's, relative to a gather."""
-        own = self._codec_ratio(self.knobs["qcomms"])
-        new = self._codec_ratio(qcomms)
+        """The wire format's encode/decode cost per row beyond the baseline's."""
+        own = self._codec_per_row(self.knobs["qcomms"])
+        new = self._codec_per_row(qcomms)
         return CodecCost(fwd=new[0] - own[0], bwd=new[1] - own[1])
 
-    def _codec_ratio(self, qcomms: str) -> tuple[float, float]:
+    def _codec_per_row(self, qcomms: str) -> tuple[float, float]:
         if qcomms not in self._codec:
             rows = max(round(r.rows_requested) for r in self.reference.ranks.values())
             self._codec[qcomms] = measure_codec(self.cfg, qcomms, rows)
@@ -389,55 +389,48 @@ def _solve(step_at: Callable[[float], float], target: float, lo: float, hi: floa
 
 #: Timings per codec measurement; the minimum is kept (other load only ever adds time).
 _CODEC_REPEATS = 30
-#: The largest table the codec measurement gathers from (far beyond any cache either way).
-_CODEC_TABLE_ROWS = 1 << 18
 
 
 def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
-    """(forward, backward) encode + decode time of `rows` rows in `qcomms`, each relative to
-    gathering as many rows with `index_select` (what the owners' lookup does), timed here with
-    the trainer's codecs at the job's own size: at a few thousand rows both are mostly per-op
-    cost, so a ratio taken at another size would not carry over.
+    """(forward, backward) encode + decode time per row (us) of `qcomms`, timed here with the
+    trainer's own codecs on `rows` rows of the job's width, one thread (as each trainer rank
+    runs: torchrun sets OMP_NUM_THREADS=1), at the job's own row count: at a few thousand
+    rows much of it is per-op cost, so a rate taken at another size would not carry over.
 
-    Each timed gather takes rows not gathered just before: the lookup meets new rows every
-    step, and a gather repeated on the same rows ran from cache, 0.07 ms for 10,000 rows of 64,
-    which made every codec look many gathers long (fp8's forward decode 46 of them, where the
-    trainer's fp8 steps measured faster than fp16's). The directions differ: fp8 sends e4m3
-    forward, whose conversion back to float32 took 1.6 ms for those rows, and e5m2 backward,
-    0.2 ms."""
+    The directions differ: fp8 sends e4m3 forward, whose conversion back to float32 took
+    1.6 ms for 10,000 rows of 64, and e5m2 backward, 0.2 ms. The time is this machine's,
+    unloaded. It used to be a multiple of a gather timed beside it, scaled by the capture's
+    lookup stage; but the lookup stage carries the trainer's per-op overhead (3-4x a bare
+    gather of its rows) and the gather, repeated on the same rows, ran from cache: fp8's
+    forward decode read as 46 gathers and fp8 was predicted slower than fp32, where it ran
+    fastest of the grid (docs/whatif.md, "Codec cost")."""
     import torch
 
     from recprof.nestpipe.qcomms import Codec
 
     dtype = cfg.float_dtype()
     dim = cfg.embedding_dim // cfg.reshape
-    # The job's own table size (up to a bound), so the gather meets the caches its lookup
-    # meets; one thread, as each rank of the trainer runs (torchrun sets OMP_NUM_THREADS=1).
-    table = torch.rand(min(max(sum(cfg.table_rows()), 1), _CODEC_TABLE_ROWS), dim, dtype=dtype)
-    indices = [torch.randint(0, table.shape[0], (max(rows, 1),)) for _ in range(_CODEC_REPEATS)]
+    count = max(rows, 1)
+    data = torch.rand(count, dim, dtype=dtype)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-
-    def best(fn: Callable[[int], object]) -> float:
-        times = []
-        for i in range(_CODEC_REPEATS):
-            t = time.perf_counter()
-            fn(i)
-            times.append(time.perf_counter() - t)
-        return min(times)
-
     try:
-        gather = best(lambda i: table.index_select(0, indices[i]))
-        gathered = table.index_select(0, indices[0])
-        fwd, bwd = (_round_trip(Codec(qcomms, d, dtype), gathered, dim, best) / gather
+        fwd, bwd = (_round_trip_us(Codec(qcomms, d, dtype), data, dim) / count
                     for d in ("fwd", "bwd"))
     finally:
         torch.set_num_threads(threads)
     return fwd, bwd
 
 
-def _round_trip(codec: Any, rows: Any, dim: int, best: Callable[[Callable[[int], object]], float]
-                ) -> float:
-    """The best encode plus the best decode time of `rows` through `codec`."""
+def _round_trip_us(codec: Any, rows: Any, dim: int) -> float:
+    """The best encode plus the best decode time of `rows` through `codec`, in us."""
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(_CODEC_REPEATS):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times) * 1e6
+
     wire = codec.encode(rows)
-    return best(lambda _: codec.encode(rows)) + best(lambda _: codec.decode(wire, dim))
+    return best(lambda: codec.encode(rows)) + best(lambda: codec.decode(wire, dim))

@@ -45,10 +45,9 @@ class Plan:
 
 @dataclass(frozen=True)
 class CodecCost:
-    """Encode + decode time of the wire format per direction (fp8 uses another format each
-    way), as a multiple of the owners' row gather (`embedding_lookup`, which moves the same
-    rows): measured on this machine by timing the trainer's own codecs against `index_select`
-    on rows of the job's shape (predict.measure_codec)."""
+    """Encode + decode time per row (us) of the wire format, per direction (fp8 uses another
+    format each way): the trainer's own codecs timed on this machine on rows of the job's
+    shape (predict.measure_codec)."""
 
     fwd: float
     bwd: float
@@ -96,13 +95,12 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         tr, ref = scenario.ranks[r], reference.ranks[captured.index(rb.rank)]
         group = tuple(range((r // size) * size, (r // size + 1) * size))
         replicas = tuple(r % size + g * size for g in range(groups))
-        # The owners' gather and the codec work scale with the rows they touch.
+        # The owners' gather scales with the rows they touch; the codec works on the rows
+        # each direction sends, at its measured time per row.
         fetched = _ratio(sum(tr.rows_fwd) + tr.refresh_rows, sum(ref.rows_fwd))
-        returned = _ratio(sum(tr.rows_bwd), sum(ref.rows_bwd))
-        gather = c.get("embedding_lookup", 0.0)
-        lookup = gather * fetched
-        codec_fwd = gather * fetched * codec.fwd
-        codec_bwd = gather * returned * codec.bwd
+        lookup = c.get("embedding_lookup", 0.0) * fetched
+        codec_fwd = (sum(tr.rows_fwd) + tr.refresh_rows) * codec.fwd
+        codec_bwd = sum(tr.rows_bwd) * codec.bwd
         fetch: Program = [
             Compute("data_loading", c.get("data_loading", 0.0)),
             Compute("input_dist", c.get("input_dist", 0.0)),
@@ -160,6 +158,10 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         main[r] = program
     notes.append("the embedding optimizer half of `optimizer` (scaling with the rows it "
                  "updates) runs before the dense all-reduce wait, the dense half after it")
+    if codec.fwd or codec.bwd:
+        notes.append(f"the wire format's encode and decode, timed here unloaded, add "
+                     f"{codec.fwd:.3f} us per row sent forward and {codec.bwd:.3f} backward "
+                     "against the capture's format; under the run's load they may take longer")
     if groups > 1 and not hsp_contended:
         notes.append("HSP's all-gathers and all-reduce, run one at a time with nothing beside "
                      "them, move at the fitted lines without the calibrated contention")

@@ -132,12 +132,12 @@ def test_network_sends_the_cross_node_share_over_the_slow_link() -> None:
     assert fast.transfer_us("all_to_all", (0, 1, 2, 3), 1000.0) == pytest.approx(20.0)
 
 
-def test_codec_cost_is_measured_against_a_cold_gather_per_direction() -> None:
-    """The codec's cost is a multiple of the owners' gather, which in the trainer meets new
-    rows every step. Timed against a gather repeated on the same (then cached) rows, fp8's
-    forward decode read as ~46 gathers and the model predicted fp8 slower than fp32, where
-    it ran fastest of the grid. Here the ratio times a cold gather must come out near the
-    codec's own time, for each direction's format."""
+def test_codec_cost_is_the_codecs_own_time_per_row_and_direction() -> None:
+    """fp8's cost per row, each direction with its own format: the measured time per row
+    times the rows must come out near the codec's own round trip on those rows. It used to
+    be a multiple of a cached gather, scaled by the capture's lookup stage: fp8's forward
+    decode read as ~46 gathers, about 10x its own time here, and the model predicted fp8
+    slower than fp32 where it ran fastest of the grid."""
     import time
 
     torch = pytest.importorskip("torch")
@@ -148,27 +148,28 @@ def test_codec_cost_is_measured_against_a_cold_gather_per_direction() -> None:
     cfg = TrainConfig(num_tables=8, num_embeddings=50_000, embedding_dim=64)
     rows = 10_000
     fwd, bwd = measure_codec(cfg, "fp8", rows)
-    table = torch.rand(sum(cfg.table_rows()), 64)
+    data = torch.rand(rows, 64)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
 
-    def best(fn, repeats: int = 20) -> float:
+    def best(fn) -> float:
         times = []
-        for i in range(repeats):
+        for _ in range(20):
             t = time.perf_counter()
-            fn(i)
+            fn()
             times.append(time.perf_counter() - t)
-        return min(times)
+        return min(times) * 1e6
 
     try:
-        index = [torch.randint(0, table.shape[0], (rows,)) for _ in range(20)]
-        cold = best(lambda i: table.index_select(0, index[i]))
-        gathered = table.index_select(0, index[0])
-        for ratio, direction in ((fwd, "fwd"), (bwd, "bwd")):
+        for per_row, direction in ((fwd, "fwd"), (bwd, "bwd")):
             codec = Codec("fp8", direction)
-            wire = codec.encode(gathered)
-            own = best(lambda _, c=codec: c.encode(gathered)) + best(
-                lambda _, c=codec, w=wire: c.decode(w, 64))
-            assert 0.4 < ratio * cold / own < 2.5, (direction, ratio, cold, own)
+            wire = codec.encode(data)
+            own = best(lambda c=codec: c.encode(data)) + best(lambda c=codec, w=wire:
+                                                               c.decode(w, 64))
+            # Within 4x: the same e5m2 decode measured 0.29 ms in some runs and 1.3-1.6 ms in
+            # others, in one process after the e4m3 one (cause not found); the old measure
+            # was 40x off.
+            assert 0.25 < per_row * rows / own < 4.0, (direction, per_row, own)
     finally:
         torch.set_num_threads(threads)
+    assert measure_codec(cfg, "fp32", rows)[0] < fwd  # the lossless format is a no-op
