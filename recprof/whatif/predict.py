@@ -398,7 +398,8 @@ def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
     rows much of it is per-op cost, so a rate taken at another size would not carry over.
 
     The directions differ: fp8 sends e4m3 forward, whose conversion back to float32 took
-    1.6 ms for 10,000 rows of 64, and e5m2 backward, 0.2 ms. The time is this machine's,
+    1.6 ms for 10,000 rows of 64, and e5m2 backward, 0.3 ms (1.3-1.6 ms in some runs, after
+    the e4m3 one in the same process; cause not found). The time is this machine's,
     unloaded. It used to be a multiple of a gather timed beside it, scaled by the capture's
     lookup stage; but the lookup stage carries the trainer's per-op overhead (3-4x a bare
     gather of its rows) and the gather, repeated on the same rows, ran from cache: fp8's

@@ -159,9 +159,9 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     notes.append("the embedding optimizer half of `optimizer` (scaling with the rows it "
                  "updates) runs before the dense all-reduce wait, the dense half after it")
     if codec.fwd or codec.bwd:
-        notes.append(f"the wire format's encode and decode, timed here unloaded, add "
-                     f"{codec.fwd:.3f} us per row sent forward and {codec.bwd:.3f} backward "
-                     "against the capture's format; under the run's load they may take longer")
+        notes.append(f"the wire format's encode and decode, timed here unloaded, change by "
+                     f"{codec.fwd:+.3f} us per row sent forward and {codec.bwd:+.3f} backward "
+                     "from the capture's format's; under the run's load they may take longer")
     if groups > 1 and not hsp_contended:
         notes.append("HSP's all-gathers and all-reduce, run one at a time with nothing beside "
                      "them, move at the fitted lines without the calibrated contention")
