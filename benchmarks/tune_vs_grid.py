@@ -16,6 +16,12 @@ Each run trains `--steps` steps (default 20, of which `--warmup-steps` 5 are war
 config. The reduced space (stated in the output): qcomms {fp32, bf16, fp16, fp8} x reshape {1, 2} x
 hsp_groups {divisors of the world}; micro_batches, dbp and clustering are fixed at the baseline
 unless `--with-pipelining` adds micro_batches {1, 2, 4} and dbp {false, true}.
+
+    python benchmarks/tune_vs_grid.py --repredict OUT   # no runs: OUT's grid, today's prior
+
+rebuilds the what-if prior from each seed's saved baseline capture with the current model and
+scores it against the grid's measurements: whether its first pick is the grid's best, and its
+error per config. A model change compared on one set of measurements, in seconds.
 """
 
 from __future__ import annotations
@@ -96,9 +102,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="trainer steps per run")
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--confirm", type=int, default=3, help="re-runs of each pick (verdict)")
+    parser.add_argument("--repredict", type=Path, metavar="OUT", default=None,
+                        help="score the current model's prior against the grid of a finished "
+                             "run in OUT (its grid study and the seeds' baseline captures); "
+                             "runs nothing")
     args = parser.parse_args()
 
     console = Console(width=None if sys.stdout.isatty() else 140)
+    if args.repredict is not None:
+        repredict(args.repredict.resolve(), console)
+        return
     if args.emulated:
         reason = EmulatedCluster.available()
         if reason is not None:
@@ -225,6 +238,35 @@ def confirm(
             if outcome.ok:
                 results[key].append(float(outcome.summary["throughput_samples_per_s"]))
     return results
+
+
+def repredict(out: Path, console: Console) -> None:
+    """`--repredict`: each seed's prior, rebuilt from its baseline capture, against the grid."""
+    from tuner.prior import build_prior
+
+    study_db = out / "grid" / "study.db"
+    if not study_db.is_file() or not (out / "base.yaml").is_file():
+        sys.exit(f"{out}: not a finished tune_vs_grid run (needs grid/study.db and base.yaml)")
+    grid_study = optuna.load_study(study_name="grid", storage=f"sqlite:///{study_db}")
+    measured = {knobs_key(rec.knobs): (rec.knobs, t.value) for t in grid_study.trials
+                if t.value is not None and (rec := TrialRecord.load(t)).knobs}
+    best_key = max(measured, key=lambda k: measured[k][1])
+    batch = int(yaml.safe_load((out / "base.yaml").read_text())["batch_size"])
+    candidates = [knobs for knobs, _ in measured.values()]
+    for seed in SEEDS:
+        capture = out / f"tune-seed{seed}" / "trials" / "0000" / "capture"
+        if not capture.is_dir():
+            continue
+        prior = build_prior(capture, candidates, batch)
+        top = max(prior.predicted, key=prior.predicted.__getitem__)
+        errors = [abs(prior.predicted[k] / v - 1) for k, (_, v) in measured.items()
+                  if k in prior.predicted]
+        console.print(
+            f"seed {seed}: prior's first pick {knobs_label(measured[top][0])}, "
+            f"{measured[top][1] / measured[best_key][1]:.3f} of the grid's best "
+            f"{knobs_label(measured[best_key][0])} by the grid's runs; throughput error "
+            f"median {statistics.median(errors):.1%}, max {max(errors):.1%} over "
+            f"{len(errors)} configs", highlight=False)
 
 
 def _median(values: list[float]) -> float:

@@ -25,6 +25,12 @@ noise floor.
 
 The default config is comm_bound.yaml (wide embeddings: the knobs move the step well beyond
 noise) at 30 steps, 8 of them warm-up.
+
+    python benchmarks/whatif_vs_measured.py --repredict OUT   # no runs: OUT's grid, today's model
+
+re-predicts a finished run's grid from its saved baseline capture with the current model and
+prints the same table against the same measurements: a model change compared on one set of
+measurements, in seconds, where a fresh grid's own noise would hide it.
 """
 
 from __future__ import annotations
@@ -89,8 +95,14 @@ def main() -> None:
                              "(drift reference and noise floor)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--trial-timeout", type=float, default=600.0)
+    parser.add_argument("--repredict", type=Path, metavar="OUT", default=None,
+                        help="re-predict the grid of a finished run in OUT (its results.yaml "
+                             "and baseline capture) with the current model; runs nothing")
     args = parser.parse_args()
     console = Console(width=None if sys.stdout.isatty() else 140)
+    if args.repredict is not None:
+        repredict(args.repredict.resolve(), console)
+        return
     out = (args.out or Path(tempfile.mkdtemp(prefix="whatif-bench-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nnodes, template = 1, None
@@ -179,8 +191,22 @@ def main() -> None:
         console.print(f"{i + 1}/{len(grid)} {knobs_label(g)}: predicted {predicted / 1e3:.2f} "
                       f"ms, measured {measured / 1e3:.2f} ms", highlight=False)
     reference()
+    report(console, f"{where}, world {launch.world_size}", predictor, rows, references)
+    console.print(f"{len(rows)} configs, {len(references)} baseline runs, "
+                  f"{time.monotonic() - started:.0f} s", highlight=False)
+    (out / "results.yaml").write_text(yaml.safe_dump(
+        {"configs": [{"knobs": g, "predicted_us": p, "measured_us": m} for g, p, m in rows],
+         "baseline_runs": [{"before_config": i, "measured_us": m} for i, m in references]}))
+
+
+Row = tuple[dict[str, Any], float, float]  # (knobs, predicted us, measured us)
+
+
+def report(console: Console, where: str, predictor: Predictor, rows: list[Row],
+           references: list[tuple[int, float]]) -> None:
+    """The table of predicted vs measured per config, the noise floor and the goals."""
     predicted_base = predictor.baseline_replay.step_us  # calibrated in Predictor's init
-    table = Table(title=f"whatif vs measured ({where}, world {launch.world_size})")
+    table = Table(title=f"whatif vs measured ({where})")
     for col in ("config", "predicted ms", "measured ms", "step error", "predicted change",
                 "measured change", "change error"):
         table.add_column(col, justify="left" if col == "config" else "right")
@@ -210,11 +236,24 @@ def main() -> None:
                       f"{'met' if median <= MEDIAN_GOAL else 'not met'}); max |error| "
                       f"{worst:.1%} (goal <= {MAX_GOAL:.0%}: "
                       f"{'met' if worst <= MAX_GOAL else 'not met'})", highlight=False)
-    console.print(f"{len(rows)} configs, {len(runs)} baseline runs, "
-                  f"{time.monotonic() - started:.0f} s", highlight=False)
-    (out / "results.yaml").write_text(yaml.safe_dump(
-        {"configs": [{"knobs": g, "predicted_us": p, "measured_us": m} for g, p, m in rows],
-         "baseline_runs": [{"before_config": i, "measured_us": m} for i, m in references]}))
+
+
+def repredict(out: Path, console: Console) -> None:
+    """`--repredict`: the saved grid of `out`, predicted again from its baseline capture."""
+    saved = out / "results.yaml"
+    capture = out / "baseline-capture" / "capture"
+    if not saved.is_file() or not capture.is_dir():
+        sys.exit(f"{out}: not a finished whatif_vs_measured run (needs results.yaml and "
+                 "baseline-capture/capture)")
+    results = yaml.safe_load(saved.read_text())
+    predictor = Predictor(measure(one_job([capture])))
+    console.print(f"re-predicted with the current model; calibration: {predictor.calibration}",
+                  highlight=False)
+    rows = [(c["knobs"], predictor.predict(c["knobs"]).step_us, c["measured_us"])
+            for c in results["configs"]]
+    references = [(r["before_config"], r["measured_us"]) for r in results["baseline_runs"]]
+    report(console, f"re-predicted from {out}, world {predictor.base.world}", predictor,
+           rows, references)
 
 
 if __name__ == "__main__":
