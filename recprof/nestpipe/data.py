@@ -131,8 +131,8 @@ class SyntheticSource:
         # Draws are feature-major, bags in sample order: the slice's ids of feature f are one
         # run of f's draws, after f's earlier features and its samples before lo.
         per_feature = lengths.sum(axis=1)
-        before = np.cumsum(every_length.sum(axis=1)) - every_length.sum(axis=1)
-        first = before + every_length[:, :lo].sum(axis=1)
+        drawn = every_length.sum(axis=1)  # draws per feature in the whole global batch
+        first = np.cumsum(drawn) - drawn + every_length[:, :lo].sum(axis=1)
         feature = np.repeat(np.arange(nf), per_feature)
         within = np.arange(int(per_feature.sum())) - np.repeat(np.cumsum(per_feature)
                                                                - per_feature, per_feature)
