@@ -96,6 +96,17 @@ class TrainConfig:
 
         return getattr(torch, self.dtype)
 
+    def group_size(self, purpose: str, world: int) -> int:
+        """Ranks in the process group a collective of `purpose` runs on (sharding.make_groups):
+        the row exchanges stay inside a sharding group of world / hsp_groups ranks, HSP's
+        gradient sum runs across the hsp_groups replicas of a shard, the rest on every rank.
+        A group of one exchanges with itself: a local copy that never reaches the wire."""
+        if purpose in _SHARDING_GROUP_PURPOSES:
+            return max(world // self.hsp_groups, 1)
+        if purpose == "hsp_embedding_grads":
+            return self.hsp_groups
+        return world
+
     @property
     def dim(self) -> int:
         """Embedding width on the wire and in the interaction, after reshape."""
@@ -105,6 +116,10 @@ class TrainConfig:
         """The resolved configuration, as written into summary.json."""
         return dataclasses.asdict(self)
 
+
+#: The trainer's collective purposes (trace/vocabulary.py) that run inside a sharding group.
+_SHARDING_GROUP_PURPOSES = frozenset({"key_routing", "embedding_rows_fwd", "embedding_grads_bwd",
+                                      "prefetch", "dbp_refresh"})
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 

@@ -106,8 +106,11 @@ def measure(job: JobAnalysis) -> Baseline:
             ranks[r.rank].ops_per_step, ranks[r.rank].op_floor_us = _op_counts(Path(r.file))
     config, note = trainer_config(job)
     run = job.run
+    world = len(ranks)
+    members = (None if config is None
+               else lambda s: config.group_size(s.purpose, world))  # type: ignore[attr-defined]
     return Baseline(
-        job=job, ranks=ranks, links=fit_links(job.collective_samples, len(ranks)),
+        job=job, ranks=ranks, links=fit_links(job.collective_samples, world, members),
         measured_step_us=job.per_step.step,
         unprofiled_step_us=run.unprofiled_step_us if run else None,
         config=config, config_note=note,

@@ -12,6 +12,7 @@ rank and an all-to-all (n-1)/n) and keeps its own latency. Each fit says what it
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,14 +58,23 @@ def transfer_us(sample: CollectiveSample) -> float:
     return max(sample.dur_us - max(sample.wait_us or 0.0, sample.queued_us), 0.0)
 
 
-def fit_links(samples: list[CollectiveSample], group_size: int) -> dict[str, LinkFit]:
-    """One line per collective kind with at least one sized instance."""
-    by_kind: dict[str, list[CollectiveSample]] = {}
+def fit_links(samples: list[CollectiveSample], group_size: int,
+              members: Callable[[CollectiveSample], int] | None = None) -> dict[str, LinkFit]:
+    """One line per collective kind with at least one sized instance, in bytes of a collective
+    over `group_size` ranks. `members` gives an instance's own group size where the job's
+    groups are known (the built-in trainer's config): an instance over a group of another size
+    counts as the bytes that move as many bytes per rank at `group_size`, and one over a group
+    of one, which never reaches the wire (HSP with one rank per sharding group), is left out;
+    fitted in, its microseconds for megabytes made the link look hundreds of times faster
+    than the one the other collectives crossed."""
+    by_kind: dict[str, list[tuple[float, CollectiveSample]]] = {}
     for s in samples:
-        if s.bytes and s.bytes > 0:
-            by_kind.setdefault(s.kind, []).append(s)
-    points = {kind: (np.array([s.bytes for s in group], dtype=float),
-                     np.array([transfer_us(s) for s in group], dtype=float))
+        size = members(s) if members else group_size
+        if s.bytes and s.bytes > 0 and size > 1:
+            scale = bus_factor(s.kind, size) / bus_factor(s.kind, group_size)
+            by_kind.setdefault(s.kind, []).append((s.bytes * scale, s))
+    points = {kind: (np.array([b for b, _ in group], dtype=float),
+                     np.array([transfer_us(s) for _, s in group], dtype=float))
               for kind, group in by_kind.items()}
     fits: dict[str, LinkFit] = {}
     for kind, (x, y) in points.items():
@@ -82,12 +92,18 @@ def fit_links(samples: list[CollectiveSample], group_size: int) -> dict[str, Lin
             rate = float(np.median(x) / max(np.median(y), 1e-9))
             fits[kind] = LinkFit(kind, 0.0, rate, len(x), float(x.min()), float(x.max()))
             continue
-        rate = donor.bytes_per_us * bus_factor(donor.kind, group_size) / max(
-            bus_factor(kind, group_size), 1e-9)
+        rate = _borrowed_rate(donor, kind, group_size)
         latency = max(float(np.median(y) - np.median(x) / rate), 0.0)
         fits[kind] = LinkFit(kind, latency, float(rate), len(x), float(x.min()), float(x.max()),
                              borrowed_from=donor.kind)
     return fits
+
+
+def _borrowed_rate(donor: LinkFit, kind: str, group_size: int) -> float:
+    """The bytes per us of `kind` on the link `donor` measured: the same bytes per rank on the
+    wire (nccl-tests' bus factors)."""
+    return donor.bytes_per_us * bus_factor(donor.kind, group_size) / max(
+        bus_factor(kind, group_size), 1e-9)
 
 
 @dataclass(frozen=True)
@@ -107,11 +123,16 @@ class Network:
     contention: float = 1.0
 
     def link(self, kind: str) -> LinkFit:
-        """The fitted line of `kind`, or of the nearest kind the run has (an all-gather moves
-        like an all-to-all of the same bytes)."""
-        for candidate in (kind, "all_to_all", "all_reduce", *self.links):
+        """The fitted line of `kind`, or one at the bandwidth of the nearest kind the run has
+        (the same bytes per rank on the wire) and its latency."""
+        if kind in self.links:
+            return self.links[kind]
+        for candidate in ("all_to_all", "all_reduce", *self.links):
             if candidate in self.links:
-                return self.links[candidate]
+                donor = self.links[candidate]
+                return dataclasses.replace(
+                    donor, kind=kind, borrowed_from=donor.kind,
+                    bytes_per_us=_borrowed_rate(donor, kind, self.fitted_group))
         raise KeyError(kind)
 
     def fitted(self, kind: str, members: tuple[int, ...], nbytes: float) -> float:

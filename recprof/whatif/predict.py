@@ -112,7 +112,7 @@ class Predictor:
     """Predictions for one baseline; `predict` may be called for many knob settings."""
 
     def __init__(self, base: Baseline) -> None:
-        if not base.links:
+        if not base.links and not any(s.bytes for s in base.job.collective_samples):
             raise RecprofError(f"{base.job.id}: its collectives carry no message sizes (the "
                                "trace records none), so no link can be fitted and nothing "
                                "predicted")
@@ -261,6 +261,10 @@ class Predictor:
             return (f"{WORLD_SIZE}={world} needs {(world + per_node - 1) // per_node} nodes of "
                     f"{per_node} ranks: give {INTER_NODE_GBIT} (the capture ran on one node, so "
                     "it holds no inter-node link to fit)")
+        if world > 1 and not self.network.links:
+            return (f"{WORLD_SIZE}={world}: no collective of this capture crossed the wire (each "
+                    "ran over a group of one rank), so there is no link to price the exchanges "
+                    "of more ranks with")
         network = self.network
         if gbit is not None:
             network = dataclasses.replace(self.network, inter_bytes_per_us=gbit * 1e9 / 8 / 1e6)

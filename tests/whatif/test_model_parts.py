@@ -8,7 +8,7 @@ import pytest
 from recprof.analysis.model import CollectiveSample
 from recprof.errors import RecprofError
 from recprof.whatif.command import parse_try
-from recprof.whatif.costs import fit_links
+from recprof.whatif.costs import Network, fit_links
 from recprof.whatif.replay import Collective, Compute, Post, Wait, replay
 
 
@@ -105,6 +105,44 @@ def test_a_one_size_kind_borrows_the_link_bandwidth_with_bus_factors() -> None:
     assert fit.bytes_per_us == pytest.approx(50, rel=1e-6)
     assert fit.latency_us == pytest.approx(900 - 2e4 / 50, rel=1e-6)
     assert "one message size" in fit.describe()
+
+
+def test_a_collective_over_a_group_of_one_is_not_fitted_as_the_link() -> None:
+    # HSP with one rank per sharding group: the row all-to-alls copy locally (2.5 MB in 0.1
+    # ms); fitted in, they made the all-to-all link ~300x faster than the all-reduce showed.
+    local = [_sample("all_to_all", b, 10 + b / 20_000) for b in (8.0, 4e4, 2.5e6)]
+    wire = [_sample("all_reduce", b, 1000 + b / 125) for b in (1.5e5, 4.4e6)]
+    fits = fit_links(local + wire, 2,
+                     members=lambda s: 1 if s.kind == "all_to_all" else 2)
+    assert "all_to_all" not in fits
+    assert fits["all_reduce"].bytes_per_us == pytest.approx(125, rel=1e-6)
+    # an all-to-all predicted on that link moves half its bytes per rank: twice the rate
+    network = Network(fits, ranks_per_node=2, fitted_group=2)
+    assert network.link("all_to_all").bytes_per_us == pytest.approx(250, rel=1e-6)
+    assert network.link("all_to_all").borrowed_from == "all_reduce"
+    # without the group sizes the local copies are the link (the old answer)
+    assert fit_links(local + wire, 2)["all_to_all"].bytes_per_us > 10_000
+
+
+def test_an_instance_over_a_smaller_group_counts_its_bytes_per_rank() -> None:
+    # an all-to-all over 2 of 4 ranks moves 1/2 of its bytes per rank, over all 4 ranks 3/4:
+    # its 3e4 B count as the 2e4 B that move as much at 4 ranks
+    samples = [_sample("all_to_all", b, 50 + b / 100) for b in (1e3, 1e4, 1e5)]
+    samples += [_sample("all_to_all", 3e4, 50 + 2e4 / 100)]
+    sizes = {id(s): 4 for s in samples[:3]} | {id(samples[3]): 2}
+    fit = fit_links(samples, 4, members=lambda s: sizes[id(s)])["all_to_all"]
+    assert fit.bytes_per_us == pytest.approx(100, rel=1e-6)
+    assert fit.latency_us == pytest.approx(50, rel=1e-6)
+
+
+def test_the_trainers_groups_follow_hsp() -> None:
+    from recprof.nestpipe.config import TrainConfig
+
+    cfg = TrainConfig(hsp_groups=2)
+    assert cfg.group_size("embedding_rows_fwd", 4) == 2
+    assert cfg.group_size("key_routing", 2) == 1
+    assert cfg.group_size("hsp_embedding_grads", 4) == 2
+    assert cfg.group_size("dense_grads", 4) == 4
 
 
 def test_try_parser_reads_values_as_yaml_and_rejects_junk() -> None:

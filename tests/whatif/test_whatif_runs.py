@@ -185,6 +185,10 @@ def test_a_single_rank_capture_is_calibrated_without_a_contention_factor(tmp_pat
     out_text = " ".join(proc.stdout.split())
     assert "transfers off the critical path, no contention fitted; compute scaled" in out_text
     assert "qcomms=fp16" in out_text and "refused" not in out_text
+    # its exchanges are copies to itself: nothing to price a second rank's with
+    proc = _whatif(str(out), "--try", "world_size=2,inter_node_gbit=10")
+    assert proc.returncode == 0, proc.stderr
+    assert "no collective of this capture crossed the wire" in " ".join(proc.stdout.split())
 
 
 def test_a_trace_without_message_sizes_is_refused_in_one_line(shared_traces: Path) -> None:
