@@ -17,7 +17,8 @@ def tune(
         int | None,
         typer.Option(
             "--nproc-per-node",
-            help="Ranks per node for every trial [default: 2, or the mirrored job's world size].",
+            help="Ranks per node for every trial [default: 2, or the mirrored job's ranks per "
+            "node].",
             show_default=False,
         ),
     ] = None,
@@ -99,10 +100,12 @@ def tune(
     if like is not None:
         if config is not None:
             raise RecprofError("give --config or --like, not both (--like writes the config)")
+        from recprof.capture.rank_meta import usable_cores
         from recprof.mirror.command import build_mirror, derive_only
+        from recprof.mirror.derive import mirror_launch
 
         mirrored = derive_only([like])
-        nproc_per_node = nproc_per_node or mirrored.world_size
+        nproc_per_node = mirror_launch(mirrored, nproc_per_node, nnodes, usable_cores())
         name = study or f"like-{mirrored.job_id}-{nnodes}x{nproc_per_node}"
         out = out or Path("reports") / f"tune-{name}"
         config = out / "mirror.yaml"

@@ -3,10 +3,12 @@ trainer on this machine.
 
 Each try writes the mirror with small tables (dense time does not depend on table rows, and a
 copy of a 13 GB job's tables would take minutes to allocate), runs it under `recprof capture`
-on the job's world size, and reads its dense_forward + dense_backward stages the way the
-original's were read. Off by more than the tolerance, every hidden width of both MLPs is scaled
-by (target / measured) ** 0.75 (a hidden layer's cost grows with the square of its width, the
-first and last with the width) and the run is tried again, up to `tries` runs.
+on the job's world size or, for a job larger than this machine, on one rank per core (at least
+2, so the exchanges run) with the job's samples per rank (`calibration_ranks`), and reads its
+dense_forward + dense_backward stages the way the original's were read. Off by more than the
+tolerance, every hidden width of both MLPs is scaled by (target / measured) ** 0.75 (a hidden
+layer's cost grows with the square of its width, the first and last with the width) and the
+run is tried again, up to `tries` runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from recprof.analysis import analyze_paths
+from recprof.capture.rank_meta import usable_cores
 from recprof.errors import RecprofError
 from recprof.mirror.derive import Mirror, dense_us
 
@@ -56,6 +59,13 @@ class Calibration:
         return (f"dense widths calibrated in {len(self.tries)} run(s) of the trainer against "
                 f"{self.target_us / 1e3:.2f} ms per step; kept the closest, "
                 f"{self.error(self.best):+.0%} ({runs})")
+
+
+def calibration_ranks(world: int) -> int:
+    """Ranks of a calibration run: the job's, up to one per core of this machine (at least 2).
+    A rank's dense time depends on its own samples, not on how many ranks there are; 128
+    ranks on 2 cores would time the scheduler, if they started at all."""
+    return min(world, max(2, usable_cores()))
 
 
 def _scaled(widths: list[int], factor: float) -> list[int]:
@@ -98,10 +108,13 @@ def calibrate(mirror: Mirror, world: int, workdir: Path, tries: int = 4,
         raise RecprofError(f"job {mirror.job_id}: no dense_forward/dense_backward time in the "
                            "capture to calibrate against")
     result = Calibration(mirror.footprint.dense_us)
+    ranks = calibration_ranks(world)
+    per_rank = mirror.values["batch_size"] // world
     bottom, top = list(mirror.values["bottom_mlp"]), list(mirror.values["top_mlp"])
     for n in range(tries):
-        values = {**mirror.values, "bottom_mlp": bottom, "top_mlp": top}
-        attempt = Try(bottom, top, measure(values, world, workdir / f"try{n + 1}"))
+        values = {**mirror.values, "bottom_mlp": bottom, "top_mlp": top,
+                  "batch_size": per_rank * ranks}
+        attempt = Try(bottom, top, measure(values, ranks, workdir / f"try{n + 1}"))
         result.tries.append(attempt)
         if on_try is not None:
             on_try(attempt)
@@ -109,6 +122,10 @@ def calibrate(mirror: Mirror, world: int, workdir: Path, tries: int = 4,
             break
         factor = min(max((result.target_us / attempt.dense_us) ** 0.75, 0.25), 4.0)
         bottom, top = _scaled(bottom, factor), _scaled(top, factor)
+    if ranks < world:
+        mirror.notes.append(f"calibration ran {ranks} of the job's {world} ranks (this machine "
+                            f"has {usable_cores()} cores), each with the job's {per_rank} "
+                            "samples per step")
     if mirror.exact_dense:
         mirror.notes.append(
             f"dense widths as the trace shows them (the job's layers are the trainer's "

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from recprof.analysis.model import JobAnalysis
 from recprof.errors import RecprofError
-from recprof.mirror.calibrate import Try, calibrate
+from recprof.mirror.calibrate import Try, calibrate, calibration_ranks
 from recprof.mirror.derive import Mirror, derive
 from recprof.report.command import load_result
 
@@ -40,6 +40,15 @@ def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mi
     `paths`; shared by `recprof mirror` and `recprof tune --like`."""
     job = one_job(paths)
     mirror = derive(job)
+    if calibrate_runs and job.device_kind != "cpu" and not _has_gpu():
+        # The trainer here would run on CPU: widths fitted to the job's GPU dense time would
+        # describe neither device (a 64 ms GPU dense step is seconds per step on a CPU).
+        mirror.notes.append(f"dense widths as the trace shows them, not calibrated: the job ran "
+                            f"on {job.device_kind} and this machine has no GPU (run recprof "
+                            "mirror on a machine like the job's to fit them)")
+        console.print(f"not calibrating the dense widths: the job ran on {job.device_kind}, "
+                      "this machine has no GPU", highlight=False)
+        calibrate_runs = 0
     if calibrate_runs:
         world = job.world_size or len(job.ranks)
         workdir = Path(tempfile.mkdtemp(prefix="recprof-mirror-"))
@@ -52,12 +61,21 @@ def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mi
         try:
             console.print(f"calibrating the dense widths against "
                           f"{mirror.footprint.dense_us / 1e3:.2f} ms per step with short "
-                          f"trainer runs on {world} ranks (up to {calibrate_runs})",
+                          f"trainer runs on {calibration_ranks(world)} ranks (up to "
+                          f"{calibrate_runs})",
                           highlight=False)
             calibrate(mirror, world, workdir, tries=calibrate_runs, on_try=said)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     return mirror
+
+
+def _has_gpu() -> bool:
+    """Whether the trainer would run on a GPU here (torch imported only now: the calibration
+    runs the trainer anyway)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def mirror(

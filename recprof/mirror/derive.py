@@ -55,6 +55,9 @@ class Mirror:
     job_id: str
     world_size: int
     values: dict[str, Any]
+    #: Ranks per node when the capture shows every rank's host; None when it does not (foreign
+    #: traces without hosts, or a sample of the ranks).
+    ranks_per_node: int | None = None
     sources: dict[str, str] = field(default_factory=dict)
     defaults: dict[str, str] = field(default_factory=dict)
     footprint: JobFootprint | None = None
@@ -148,11 +151,59 @@ def derive(job: JobAnalysis) -> Mirror:
     _derive_runtime(mirror, shapes)
     mirror.footprint = footprint(job, shapes)
     _fit_key_skew(mirror, world)
-    hosts = {r.host for r in job.ranks if r.host}
-    mirror.notes.append(f"world size {world} on {max(len(hosts), 1)} host(s): run the mirror "
-                        f"with --nproc-per-node {world}")
+    mirror.ranks_per_node = ranks_per_node(job, world)
+    if mirror.ranks_per_node is not None:
+        nodes = world // mirror.ranks_per_node
+        mirror.notes.append(f"world size {world} on {nodes} node(s) of {mirror.ranks_per_node} "
+                            f"ranks: run the mirror with --nnodes {nodes} --nproc-per-node "
+                            f"{mirror.ranks_per_node}")
+    else:
+        mirror.notes.append(f"world size {world} ({len(job.ranks)} ranks captured; the traces "
+                            f"do not say how many ran per node): run the mirror on {world} ranks")
     _check(mirror, world)
     return mirror
+
+
+def mirror_launch(mirror: Mirror, nproc_per_node: int | None, nnodes: int,
+                  cores: int) -> int:
+    """Ranks per node to run the mirror with (`recprof tune --like`): the job's world size over
+    `nnodes` nodes, its ranks per node unless given, since the config's batch is the job's
+    global batch and any other world size changes every rank's share of it. Raises
+    `RecprofError` saying which options to give when the capture cannot tell, or the launch
+    would not be the job's."""
+    world = mirror.world_size
+    if nproc_per_node is None:
+        if mirror.ranks_per_node is not None:
+            nodes = world // mirror.ranks_per_node
+            if nodes != nnodes:
+                raise RecprofError(
+                    f"job {mirror.job_id} ran {world} ranks on {nodes} nodes of "
+                    f"{mirror.ranks_per_node}: give --nnodes {nodes} --nproc-per-node "
+                    f"{mirror.ranks_per_node} (several nodes need --launcher)")
+            nproc_per_node = mirror.ranks_per_node
+        elif world // nnodes > cores:
+            raise RecprofError(
+                f"job {mirror.job_id} ran {world} ranks and its traces do not say how many per "
+                f"node; {world // nnodes} on this {cores}-core node would not run like it: give "
+                "--nnodes and --nproc-per-node (several nodes need --launcher)")
+        else:
+            nproc_per_node = world // nnodes
+    if nnodes * nproc_per_node != world:
+        raise RecprofError(
+            f"job {mirror.job_id} ran {world} ranks; {nnodes} x {nproc_per_node} would give each "
+            f"rank another share of its {mirror.values['batch_size']}-sample batch: give "
+            f"--nnodes and --nproc-per-node that multiply to {world}, or write the config with "
+            "`recprof mirror` and set batch_size for a smaller run")
+    return nproc_per_node
+
+
+def ranks_per_node(job: JobAnalysis, world: int) -> int | None:
+    """Ranks per node of the captured job, when every rank was captured with its host and the
+    hosts hold equal shares; None otherwise."""
+    hosts = Counter(r.host for r in job.ranks)
+    if len(job.ranks) != world or None in hosts or len(set(hosts.values())) != 1:
+        return None
+    return world // len(hosts)
 
 
 def _fit_key_skew(mirror: Mirror, world: int) -> None:

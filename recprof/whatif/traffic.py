@@ -15,6 +15,7 @@ Needs torch (the trainer's data source); callers refuse the knobs that need it w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,11 @@ def wire_bytes(cfg: TrainConfig) -> tuple[int, int, int]:
             cfg.dim * torch.empty(0, dtype=dtype).element_size())
 
 
+#: rank -> table -> (the rank's unique rows of the table in the window, the first and the last
+#: micro-batch that uses each)
+Windows = dict[int, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]
+
+
 @dataclass
 class Traffic:
     ranks: dict[int, RankTraffic]
@@ -87,12 +93,11 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
     totals = {r: RankTraffic(key_routing=[0.0, 0.0], rows_fwd=[0.0] * n, rows_bwd=[0.0] * n,
                              refresh_keys=[0.0, 0.0]) for r in range(world)}
     batches = range(first_batch, first_batch + SAMPLED_BATCHES)
-    previous: dict[int, dict[int, set[int]]] | None = None  # rank -> table -> rows
+    previous: Windows | None = None
     for index in batches:
         batch = source.global_batch(0, index)
         per = batch.size // world
-        # rank -> table -> (unique rows, first micro-batch, last micro-batch)
-        windows: dict[int, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        windows: Windows = {}
         for r in range(world):
             micro = split(batch.slice(r * per, (r + 1) * per), n, cfg.clustering, rows, tables_of)
             ids = [_feature_ids(mb) for mb in micro]
@@ -110,8 +115,7 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
                 np.maximum.at(last, inverse, user)
                 windows[r][t] = (uniq, first, last)
         _count_step(windows, totals, layout, group, world, n, cfg, previous)
-        previous = {r: {t: set(w[0].tolist()) for t, w in tabs.items()}
-                    for r, tabs in windows.items()}
+        previous = windows
     k = len(batches)
     for tr in totals.values():
         tr.key_routing = [b / k for b in tr.key_routing]
@@ -126,48 +130,52 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
     return Traffic(totals, k)
 
 
-def _count_step(windows, totals, layout, group, world, n, cfg, previous) -> None:
+def _count_step(windows: Windows, totals: dict[int, RankTraffic], layout: Any, group: int,
+                world: int, n: int, cfg: TrainConfig, previous: Windows | None) -> None:
     """Add one step's messages per rank (send and receive counted per peer, max taken)."""
     import torch
 
-    # sends[(kind, m)][src][dst] rows
-    def matrix() -> np.ndarray:
-        return np.zeros((world, world))
-
-    fwd = [matrix() for _ in range(n)]
-    bwd = [matrix() for _ in range(n)]
-    keys = matrix()
-    refresh = matrix()
-    touched: dict[int, set[int]] = {r: set() for r in range(world)}  # owner -> table/row keys
+    # [m][owner, requester] rows fetched, [m][requester, owner] gradient rows, keys routed
+    fwd = np.zeros((n, world, world))
+    bwd = np.zeros((n, world, world))
+    keys = np.zeros((world, world))
+    refresh = np.zeros((world, world))
+    # owner -> its touched (table << 40) + row keys, one array per requester and table
+    touched: dict[int, list[np.ndarray]] = {r: [] for r in range(world)}
     for r, tabs in windows.items():
         g0 = (r // group) * group
         for t, (uniq, first, last) in tabs.items():
-            owner, _slot = layout.locate(t, torch.from_numpy(uniq))
-            owner = owner.numpy() + g0
-            skip = np.zeros(uniq.shape, dtype=bool)
-            if cfg.dbp and previous is not None:
-                skip = np.isin(uniq, np.fromiter(previous[r].get(t, ()), dtype=np.int64))
-            for o in np.unique(owner):
-                mine = owner == o
-                keys[o, r] += mine.sum()  # owner o receives r's keys
-                for m in range(n):
-                    fwd[m][o, r] += (mine & (first == m) & ~skip).sum()
-                    bwd[m][r, o] += (mine & (last == m)).sum()
-                touched[int(o)].update(((t << 40) + uniq[mine]).tolist())
+            owner = layout.locate(t, torch.from_numpy(uniq))[0].numpy() + g0
+            fetched = np.ones(uniq.shape, dtype=bool)
+            if cfg.dbp and previous is not None and t in previous[r]:
+                fetched = ~np.isin(uniq, previous[r][t][0], assume_unique=True)
+            keys[:, r] += np.bincount(owner, minlength=world)
+            for m in range(n):
+                fwd[m, :, r] += np.bincount(owner[(first == m) & fetched], minlength=world)
+                bwd[m, r, :] += np.bincount(owner[last == m], minlength=world)
+            order = np.argsort(owner, kind="stable")
+            grouped = (t << 40) + uniq[order]
+            ends = np.cumsum(np.bincount(owner, minlength=world))
+            for o in np.flatnonzero(np.diff(ends, prepend=0)):
+                touched[int(o)].append(grouped[ends[o - 1] if o else 0:ends[o]])
             totals[r].rows_requested += float(uniq.shape[0])
     if cfg.dbp and previous is not None:
         # rows of this window that the previous step's update changed: every row any rank of
         # the group touched then is updated (HSP sums across groups, so the whole world's)
-        updated: dict[int, set[int]] = {}
-        for rt in previous.values():
-            for t, rs in rt.items():
-                updated.setdefault(t, set()).update(rs)
+        updated: dict[int, np.ndarray] = {}
+        for t in {t for tabs in previous.values() for t in tabs}:
+            updated[t] = np.unique(np.concatenate(
+                [tabs[t][0] for tabs in previous.values() if t in tabs]))
         for r, tabs in windows.items():
             g0 = (r // group) * group
             for t, (uniq, _first, _last) in tabs.items():
-                stale = np.isin(uniq, np.fromiter(updated.get(t, ()), dtype=np.int64))
+                stale = np.isin(uniq, updated.get(t, uniq[:0]), assume_unique=True)
                 owner = layout.locate(t, torch.from_numpy(uniq[stale]))[0].numpy() + g0
-                np.add.at(refresh, (owner, np.full(owner.shape, r)), 1)
+                refresh[:, r] += np.bincount(owner, minlength=world)
+
+    def distinct(ranks: list[int]) -> int:
+        parts = [a for x in ranks for a in touched[x]]
+        return int(np.unique(np.concatenate(parts)).size) if parts else 0
 
     def message(mat: np.ndarray, r: int, scale: float) -> float:
         return float(max(mat[r, :].sum(), mat[:, r].sum()) * scale)
@@ -183,13 +191,12 @@ def _count_step(windows, totals, layout, group, world, n, cfg, previous) -> None
         if cfg.hsp_groups > 1:
             local = r % group
             replicas = [local + g * group for g in range(cfg.hsp_groups)]
-            union = set().union(*(touched[x] for x in replicas))
-            longest = max(len(touched[x]) for x in replicas)
-            tr.hsp_ids += KEY_BYTES * longest
-            tr.hsp_rows += len(union)
-            tr.rows_applied += len(union)
+            union = distinct(replicas)
+            tr.hsp_ids += KEY_BYTES * max(distinct([x]) for x in replicas)
+            tr.hsp_rows += union
+            tr.rows_applied += union
         else:
-            tr.rows_applied += len(touched[r])
+            tr.rows_applied += distinct([r])
         if cfg.dbp:
             tr.refresh_keys[0] += KEY_BYTES * group
             tr.refresh_keys[1] += message(refresh, r, KEY_BYTES)

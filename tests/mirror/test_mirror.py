@@ -17,7 +17,7 @@ import yaml
 
 from recprof.analysis import analyze_paths
 from recprof.errors import RecprofError
-from recprof.mirror.derive import derive
+from recprof.mirror.derive import Mirror, derive, mirror_launch
 from recprof.mirror.keys import exchange_bytes
 from recprof.nestpipe.config import TrainConfig, load_config
 
@@ -82,6 +82,49 @@ def test_footprint_is_the_captured_exchange(trainer_run: Path) -> None:
     assert mirror.sources["zipf_alpha"].startswith("fitted so the trainer's all-to-alls carry")
     assert exchange_bytes(TrainConfig(**mirror.values), 2) == pytest.approx(
         mirror.footprint.exchange_bytes, rel=0.02)
+
+
+def test_the_launch_is_the_jobs_world_and_nodes(trainer_run: Path) -> None:
+    """`tune --like` runs the mirror on the job's ranks per node; a launch the capture cannot
+    tell, or one that would change each rank's share of the batch, is refused saying which
+    options to give."""
+    mirror = derive(analyze_paths([trainer_run / "traces"]).jobs[0])
+    assert mirror.ranks_per_node == 2  # both ranks ran on this host
+    assert any("on 1 node(s) of 2 ranks: run the mirror with --nnodes 1 --nproc-per-node 2" in n
+               for n in mirror.notes)
+    assert mirror_launch(mirror, None, 1, cores=2) == 2
+    with pytest.raises(RecprofError, match="multiply to 2"):
+        mirror_launch(mirror, 4, 1, cores=2)
+    # 128 ranks, 8 per node: one node is not the job
+    big = Mirror("big", 128, {"batch_size": 128 * 64}, ranks_per_node=8)
+    with pytest.raises(RecprofError, match="give --nnodes 16 --nproc-per-node 8"):
+        mirror_launch(big, None, 1, cores=64)
+    assert mirror_launch(big, None, 16, cores=64) == 8
+    # hosts unknown (foreign traces): the world over the nodes, unless this node cannot hold it
+    unknown = Mirror("sampled", 128, {"batch_size": 128 * 64})
+    with pytest.raises(RecprofError, match="do not say how many per node"):
+        mirror_launch(unknown, None, 1, cores=2)
+    assert mirror_launch(unknown, None, 2, cores=64) == 64
+
+
+def test_a_gpu_job_larger_than_this_machine_is_mirrored_without_running_it(
+        shared_traces: Path, tmp_path: Path) -> None:
+    """HTA's trace_filter: 2 ranks sampled from a 128-GPU job. Calibration used to start 128
+    trainer ranks on this machine (it never finished); it cannot fit a GPU's dense time on a
+    CPU anyway, so the widths stay as the trace shows them and the header says why."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: calibration would run")
+    out = tmp_path / "mirror.yaml"
+    proc = _mirror_cli(str(shared_traces / "hta" / "trace_filter"), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "calibration run" not in proc.stderr
+    header = [ln for ln in out.read_text().splitlines() if ln.startswith("#")]
+    assert any("not calibrated: the job ran on cuda and this machine has no GPU" in ln
+               for ln in header), header
+    assert any("world size 128 (2 ranks captured; the traces do not say how many ran per "
+               "node)" in ln for ln in header), header
 
 
 def test_single_rank_is_refused_with_the_reason(trainer_run: Path) -> None:
