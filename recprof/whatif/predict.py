@@ -359,9 +359,23 @@ class Predictor:
             baseline_stages=self.baseline_replay.stages,
             baseline_critical_rank=self.baseline_replay.critical_rank,
             calibrated=self.calibrated, calibration=self.calibration, compute_scale=self.scale,
-            fits=[f.describe() for f in self.base.links.values()], scenarios=scenarios,
+            fits=self._link_notes(), scenarios=scenarios,
             samples_per_step=self.cfg.batch_size if self.cfg else None,
         )
+
+
+    def _link_notes(self) -> list[str]:
+        """Each fitted line, and each kind the capture has that no line was fitted for (every
+        instance over a group of one rank) with the line it is priced on instead."""
+        links = self.base.links
+        notes = [f.describe() for f in links.values()]
+        local = sorted({s.kind for s in self.base.job.collective_samples if s.bytes} - set(links))
+        for kind in local if links else ():
+            donor = self.network.link(kind)
+            notes.append(f"{kind}: none crossed the wire here (each over a group of one rank); "
+                         f"priced at {donor.borrowed_from}'s bandwidth through the bus factors "
+                         f"({donor.bytes_per_us * 8e6 / 1e9:.2f} Gbit/s) and latency")
+        return notes
 
 
 #: Profiled steps below which the fits carry single steps' jitter: on a shared 2-core host,

@@ -191,6 +191,26 @@ def test_a_single_rank_capture_is_calibrated_without_a_contention_factor(tmp_pat
     assert "no collective of this capture crossed the wire" in " ".join(proc.stdout.split())
 
 
+def test_an_hsp_capture_with_one_rank_per_group_fits_no_all_to_all_link(tmp_path: Path) -> None:
+    """hsp_groups=2 on 2 ranks: every routing and row all-to-all is a copy to itself (2.5 MB in
+    ~0.1 ms). Fitted as the link, they made all-to-alls 230 Gbit/s on loopback, and predicting
+    hsp_groups=1 from such a capture priced the whole exchange at almost nothing. They are left
+    out, and the output says what the all-to-alls are priced at instead."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--no-report",
+         "--wait", str(WARMUP), "--active", "5", "--",
+         *_trainer("--set", "hsp_groups=2", "--set", "steps=20", "--out", str(out / "trainer"))],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _whatif(str(out), "--try", "hsp_groups=1", "--json", str(tmp_path / "w.json"))
+    assert proc.returncode == 0, proc.stderr
+    fits = json.loads((tmp_path / "w.json").read_text())["baseline"]["links"]
+    assert not any(f.startswith("all_to_all:") and "fitted" in f for f in fits), fits
+    assert any(f.startswith("all_to_all: none crossed the wire here") for f in fits), fits
+    assert any(f.startswith("all_reduce:") and "fitted" in f for f in fits), fits
+
+
 def test_a_trace_without_message_sizes_is_refused_in_one_line(shared_traces: Path) -> None:
     proc = _whatif(str(shared_traces / "torchrec_pr1460" / "trace" / "sst_long_a2a_optimizer"))
     assert proc.returncode == 2
