@@ -101,10 +101,11 @@ def tune(
         if config is not None:
             raise RecprofError("give --config or --like, not both (--like writes the config)")
         from recprof.capture.rank_meta import usable_cores
-        from recprof.mirror.command import build_mirror, derive_only
+        from recprof.mirror.command import calibrate_mirror, derive_with_status, one_job
         from recprof.mirror.derive import mirror_launch
 
-        mirrored = derive_only([like])
+        job = one_job([like])
+        mirrored = derive_with_status(job, console)
         nproc_per_node = mirror_launch(mirrored, nproc_per_node, nnodes, usable_cores())
         name = study or f"like-{mirrored.job_id}-{nnodes}x{nproc_per_node}"
         out = out or Path("reports") / f"tune-{name}"
@@ -114,7 +115,7 @@ def tune(
             console.print(f"mirror of {mirrors}: reusing {config} (delete it to mirror again)",
                           highlight=False)
         else:
-            mirrored = build_mirror([like], calibrate_runs=4, console=console)
+            calibrate_mirror(job, mirrored, 4, console)
             out.mkdir(parents=True, exist_ok=True)
             config.write_text(mirrored.to_yaml(str(like)))
             console.print(f"mirror of {mirrors}: {config}", highlight=False)

@@ -30,16 +30,27 @@ def one_job(paths: list[Path]) -> JobAnalysis:
     return result.jobs[0]
 
 
-def derive_only(paths: list[Path]) -> Mirror:
-    """The mirror of the one job in `paths`, without calibration runs."""
-    return derive(one_job(paths))
+def derive_with_status(job: JobAnalysis, console: Console) -> Mirror:
+    """`derive(job)` under a status line: fitting the key skew routes the job's batches over
+    all its ranks (seconds at 128 ranks)."""
+    with console.status(f"deriving the config of job {escape(job.id)} (fitting the key skew "
+                        f"over its {job.world_size or len(job.ranks)} ranks)"):
+        return derive(job)
 
 
 def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
     """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
-    `paths`; shared by `recprof mirror` and `recprof tune --like`."""
+    `paths`; `recprof mirror`'s and the benchmark's."""
     job = one_job(paths)
-    mirror = derive(job)
+    mirror = derive_with_status(job, console)
+    calibrate_mirror(job, mirror, calibrate_runs, console)
+    return mirror
+
+
+def calibrate_mirror(job: JobAnalysis, mirror: Mirror, calibrate_runs: int,
+                     console: Console) -> None:
+    """Fit `mirror`'s dense widths with up to `calibrate_runs` trainer runs (0: none), saying
+    each run's result on `console`; not on a machine unlike the job's (a GPU job here on CPU)."""
     if calibrate_runs and job.device_kind != "cpu" and not _has_gpu():
         # The trainer here would run on CPU: widths fitted to the job's GPU dense time would
         # describe neither device (a 64 ms GPU dense step is seconds per step on a CPU).
@@ -48,26 +59,25 @@ def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mi
                             "mirror on a machine like the job's to fit them)")
         console.print(f"not calibrating the dense widths: the job ran on {job.device_kind}, "
                       "this machine has no GPU", highlight=False)
-        calibrate_runs = 0
-    if calibrate_runs:
-        world = job.world_size or len(job.ranks)
-        workdir = Path(tempfile.mkdtemp(prefix="recprof-mirror-"))
+        return
+    if not calibrate_runs:
+        return
+    world = job.world_size or len(job.ranks)
+    workdir = Path(tempfile.mkdtemp(prefix="recprof-mirror-"))
 
-        def said(attempt: Try) -> None:
-            console.print(f"calibration run: bottom_mlp {attempt.bottom_mlp} top_mlp "
-                          f"{attempt.top_mlp}: dense {attempt.dense_us / 1e3:.2f} ms per step",
-                          highlight=False)
+    def said(attempt: Try) -> None:
+        console.print(f"calibration run: bottom_mlp {attempt.bottom_mlp} top_mlp "
+                      f"{attempt.top_mlp}: dense {attempt.dense_us / 1e3:.2f} ms per step",
+                      highlight=False)
 
-        try:
-            console.print(f"calibrating the dense widths against "
-                          f"{mirror.footprint.dense_us / 1e3:.2f} ms per step with short "
-                          f"trainer runs on {calibration_ranks(world)} ranks (up to "
-                          f"{calibrate_runs})",
-                          highlight=False)
-            calibrate(mirror, world, workdir, tries=calibrate_runs, on_try=said)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return mirror
+    try:
+        console.print(f"calibrating the dense widths against "
+                      f"{mirror.footprint.dense_us / 1e3:.2f} ms per step with short "
+                      f"trainer runs on {calibration_ranks(world)} ranks (up to "
+                      f"{calibrate_runs})", highlight=False)
+        calibrate(mirror, world, workdir, tries=calibrate_runs, on_try=said)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _has_gpu() -> bool:
