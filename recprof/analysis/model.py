@@ -361,6 +361,9 @@ class RunContext:
     unprofiled_step_us: float | None  # median of the steps run without the profiler
     profiled_step_us: float | None  # median of the recorded steps, timed the same way
     host_cores: int | None = None  # cores a rank could run on, as capture saw them
+    #: Distinct machines (kernel boot ids) the ranks ran on; None when a rank's meta lacks it.
+    #: Fewer than the hosts: containers or namespaces of one machine, sharing its cores.
+    machines: int | None = None
 
 
 @dataclass

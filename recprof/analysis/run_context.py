@@ -41,7 +41,9 @@ def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | N
     if run is None:
         return None
     manifest = _json(run / layout.MANIFEST) or {}
-    meta = next((m for r in sorted(ranks) if (m := _json(layout.meta_path(run, r)))), {})
+    metas = [m for r in sorted(ranks) if (m := _json(layout.meta_path(run, r)))]
+    meta = metas[0] if metas else {}
+    machine_ids = [m.get("machine") for m in metas]
     window = manifest.get("window_check") if isinstance(manifest.get("window_check"), dict) else {}
     logs = [layout.read_step_log(run, r) for r in ranks]
     return RunContext(
@@ -54,6 +56,8 @@ def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | N
         unprofiled_step_us=_median_step(logs, unprofiled=True),
         profiled_step_us=_median_step(logs, unprofiled=False),
         host_cores=cores if isinstance(cores := meta.get("cores"), int) and cores > 0 else None,
+        machines=(len(set(machine_ids)) if len(metas) == len(ranks)
+                  and all(isinstance(m, str) for m in machine_ids) else None),
     )
 
 

@@ -66,6 +66,7 @@ class RankMeta:
             "python": platform.python_version(),
             "cpu": cpu,
             "cores": usable_cores(),
+            "machine": machine_id(),
             "env": env,
             "schedule": asdict(schedule),
             "step_source": None,
@@ -126,6 +127,16 @@ class RankMeta:
         self.data["exit"] = ended
         self.data["ended_at"] = time.time()
         self.write()
+
+
+def machine_id() -> str | None:
+    """The running kernel's boot id: one per machine (or VM), shared by the containers and
+    network namespaces on it, which report hostnames of their own. Ranks with different hosts
+    and one machine id share that machine's cores. None where the OS has no boot id."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def usable_cores() -> int:

@@ -325,7 +325,7 @@ class Predictor:
         world, network, notes = self._scaling(change)  # type: ignore[misc]
         knobs = {**self.knobs, **{k: v for k, v in change.items() if k in KNOBS}}
         result = self._replay(knobs, self.scale, world, network)
-        assumptions = [*self._assumptions, *notes, self.calibration]
+        assumptions = [*self._assumptions, *notes, *self._host_notes(), self.calibration]
         if self.cfg is None and "qcomms" in change:
             assumptions.append("the capture's embedding exchange is fp32; the quantise and "
                                "dequantise kernels' own cost is not included")
@@ -363,6 +363,18 @@ class Predictor:
             samples_per_step=self.cfg.batch_size if self.cfg else None,
         )
 
+
+    def _host_notes(self) -> list[str]:
+        """What the replay gets wrong about where the ranks ran: hosts that are one machine."""
+        run = self.base.job.run
+        hosts = len({r.host for r in self.base.ranks.values()})
+        if run is None or run.machines is None or run.machines >= hosts or not self.spare_core:
+            return []
+        return [f"the ranks' {hosts} hosts are {run.machines} machine(s) (one kernel boot id: "
+                f"containers or network namespaces), whose {self.base.host_cores()} cores they "
+                "share; the replay counts that many per host, so transfers and DBP's prefetch "
+                "thread overlap compute there that in fact competes with them for the cores "
+                "(steps of knobs that overlap more come out short)"]
 
     def _link_notes(self) -> list[str]:
         """Each fitted line, and each kind the capture has that no line was fitted for (every

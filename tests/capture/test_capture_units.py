@@ -219,3 +219,29 @@ def test_forwards_of_a_job_with_an_optimizer_are_not_steps(tmp_path: Path) -> No
     assert evaluation == [0, 1, 2, 3] and idle.source == StepSource.FORWARD
     clock.close()
     idle.close()
+
+
+def test_run_context_counts_the_machines_behind_the_hosts(tmp_path: Path) -> None:
+    """Ranks whose metas carry one kernel boot id ran on one machine, whatever hostnames their
+    containers or namespaces report; a rank without one leaves the count unknown."""
+    from recprof.analysis.run_context import read_run_context
+    from recprof.capture.rank_meta import machine_id
+
+    run = tmp_path / "run"
+    (run / layout.TRACES).mkdir(parents=True)
+    (run / layout.META).mkdir()
+    (run / layout.MANIFEST).write_text("{}")
+    traces = []
+    for rank, host in enumerate(("node0", "node1", "node2")):
+        trace = run / layout.TRACES / layout.trace_name(rank, host)
+        trace.write_text("{}")
+        traces.append(str(trace))
+        machine = "boot-a" if rank < 2 else "boot-b"
+        layout.meta_path(run, rank).write_text(json.dumps({"host": host, "machine": machine}))
+    context = read_run_context(traces, [0, 1, 2])
+    assert context is not None and context.machines == 2
+    layout.meta_path(run, 2).write_text(json.dumps({"host": "node2"}))  # an older capture
+    context = read_run_context(traces, [0, 1, 2])
+    assert context is not None and context.machines is None
+    # this machine has one, and it is what a rank records
+    assert machine_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
