@@ -70,9 +70,10 @@ def fit_links(samples: list[CollectiveSample], group_size: int,
     by_kind: dict[str, list[tuple[float, CollectiveSample]]] = {}
     for s in samples:
         size = members(s) if members else group_size
-        if s.bytes and s.bytes > 0 and size > 1:
-            scale = bus_factor(s.kind, size) / bus_factor(s.kind, group_size)
-            by_kind.setdefault(s.kind, []).append((s.bytes * scale, s))
+        if not s.bytes or s.bytes <= 0 or (members and size == 1):
+            continue
+        scale = bus_factor(s.kind, size) / bus_factor(s.kind, group_size)
+        by_kind.setdefault(s.kind, []).append((s.bytes * scale, s))
     points = {kind: (np.array([b for b, _ in group], dtype=float),
                      np.array([transfer_us(s) for _, s in group], dtype=float))
               for kind, group in by_kind.items()}
