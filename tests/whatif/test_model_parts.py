@@ -124,6 +124,13 @@ def test_a_collective_over_a_group_of_one_is_not_fitted_as_the_link() -> None:
     assert fit_links(local + wire, 2)["all_to_all"].bytes_per_us > 10_000
 
 
+def test_one_captured_rank_of_a_larger_job_keeps_its_line() -> None:
+    # HTA's cpu_only is one rank of 300: its collectives crossed the wire, though only one
+    # rank was captured; without the job's groups nothing is taken for a local copy.
+    samples = [_sample("all_to_all", b, 50 + b / 100) for b in (1e3, 1e4, 1e5)]
+    assert fit_links(samples, 1)["all_to_all"].bytes_per_us == pytest.approx(100, rel=1e-6)
+
+
 def test_an_instance_over_a_smaller_group_counts_its_bytes_per_rank() -> None:
     # an all-to-all over 2 of 4 ranks moves 1/2 of its bytes per rank, over all 4 ranks 3/4:
     # its 3e4 B count as the 2e4 B that move as much at 4 ranks
