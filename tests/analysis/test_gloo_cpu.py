@@ -90,8 +90,9 @@ def _one_collective_in_an_op(tmp_path: Path, resume_us: float) -> float:
 
 def test_a_collective_waited_for_inside_an_op_is_not_its_compute(tmp_path: Path) -> None:
     """A synchronous all-to-all inside an autograd Function blocks the thread inside the op:
-    from the enqueue's end (200 us) to when the thread resumes after the transfer (710 us)
-    is the wait, cut out of the op's compute. An async one (the thread resumes at 210 us,
-    long before the transfer ends) leaves the op whole."""
-    assert _one_collective_in_an_op(tmp_path, 710.0) == pytest.approx(1000 - 510)
+    from the enqueue's start (100 us: the call is the collective's, not the op's) to when the
+    thread resumes after the transfer (710 us) is the wait, cut out of the op's compute. An
+    async one (the thread resumes at 210 us, long before the transfer ends) leaves the op
+    whole."""
+    assert _one_collective_in_an_op(tmp_path, 710.0) == pytest.approx(1000 - 610)
     assert _one_collective_in_an_op(tmp_path, 210.0) == pytest.approx(1000)
