@@ -96,16 +96,23 @@ class TrainConfig:
 
         return getattr(torch, self.dtype)
 
-    def group_size(self, purpose: str, world: int) -> int:
-        """Ranks in the process group a collective of `purpose` runs on (sharding.make_groups):
-        the row exchanges stay inside a sharding group of world / hsp_groups ranks, HSP's
-        gradient sum runs across the hsp_groups replicas of a shard, the rest on every rank.
-        A group of one exchanges with itself: a local copy that never reaches the wire."""
+    def group_members(self, purpose: str, rank: int, world: int) -> tuple[int, ...]:
+        """The ranks of the process group `rank` runs a collective of `purpose` on
+        (sharding.make_groups): the row exchanges stay inside a sharding group of
+        world / hsp_groups consecutive ranks, HSP's gradient sum runs across the hsp_groups
+        replicas of the rank's shard, the rest on every rank."""
+        size = max(world // self.hsp_groups, 1)
         if purpose in _SHARDING_GROUP_PURPOSES:
-            return max(world // self.hsp_groups, 1)
+            first = rank // size * size
+            return tuple(range(first, first + size))
         if purpose == "hsp_embedding_grads":
-            return self.hsp_groups
-        return world
+            return tuple(rank % size + g * size for g in range(self.hsp_groups))
+        return tuple(range(world))
+
+    def group_size(self, purpose: str, world: int) -> int:
+        """Ranks in the process group a collective of `purpose` runs on. A group of one
+        exchanges with itself: a local copy that never reaches the wire."""
+        return len(self.group_members(purpose, 0, world))
 
     @property
     def dim(self) -> int:

@@ -62,7 +62,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     assert cfg is not None
     n = int(knobs["micro_batches"])
     groups = int(knobs["hsp_groups"])
-    size = world // groups
+    scenario_cfg = with_knobs(cfg, knobs)
     dbp = bool(knobs["dbp"])
     main: dict[int, Program] = {}
     prefetch: dict[int, Program] = {}
@@ -87,14 +87,14 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     # capture itself ran HSP (the factor was fitted with them).
     hsp_contended = dbp or cfg.hsp_groups > 1
 
-    fwd_row, bwd_row, hsp_row = wire_bytes(with_knobs(cfg, knobs))
+    fwd_row, bwd_row, hsp_row = wire_bytes(scenario_cfg)
     captured = sorted(base.ranks)
     for r in range(world):
         rb = base.ranks[captured[r % len(captured)]]
         c = {k: v * compute_scale for k, v in rb.compute_us.items()}
         tr, ref = scenario.ranks[r], reference.ranks[captured.index(rb.rank)]
-        group = tuple(range((r // size) * size, (r // size + 1) * size))
-        replicas = tuple(r % size + g * size for g in range(groups))
+        group = scenario_cfg.group_members("embedding_rows_fwd", r, world)
+        replicas = scenario_cfg.group_members("hsp_embedding_grads", r, world)
         # The owners' gather scales with the rows they touch; the codec works on the rows
         # each direction sends, at its measured time per row.
         fetched = _ratio(sum(tr.rows_fwd) + tr.refresh_rows, sum(ref.rows_fwd))
@@ -133,7 +133,8 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                                      tr.rows_bwd[m] * bwd_row), "embedding_grad_a2a"))
         dense_bytes = _mean(rb.bytes_by_purpose.get("dense_grads"))
         program += [Compute("dense_allreduce", c.get("dense_allreduce", 0.0)),
-                    Post(coll("dense", "all_reduce", tuple(range(world)), dense_bytes),
+                    Post(coll("dense", "all_reduce",
+                              scenario_cfg.group_members("dense_grads", r, world), dense_bytes),
                          "dense_allreduce")]
         program += [Wait(f"bwd{m}@{group}", "embedding_grad_a2a") for m in range(n)]
         program.append(Compute("embedding_grad_a2a", codec_bwd / 2))

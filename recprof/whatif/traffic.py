@@ -84,7 +84,7 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
     from recprof.nestpipe.microbatch import split
     from recprof.nestpipe.sharding import Layout
 
-    group = world // cfg.hsp_groups
+    group = cfg.group_size("embedding_rows_fwd", world)
     rows = cfg.table_rows()
     tables_of = [f % cfg.num_tables for f in range(cfg.num_features)]
     layout = Layout(rows, group, cfg.sharding)
@@ -143,7 +143,7 @@ def _count_step(windows: Windows, totals: dict[int, RankTraffic], layout: Any, g
     # owner -> its touched (table << 40) + row keys, one array per requester and table
     touched: dict[int, list[np.ndarray]] = {r: [] for r in range(world)}
     for r, tabs in windows.items():
-        g0 = (r // group) * group
+        g0 = cfg.group_members("embedding_rows_fwd", r, world)[0]
         for t, (uniq, first, last) in tabs.items():
             owner = layout.locate(t, torch.from_numpy(uniq))[0].numpy() + g0
             fetched = np.ones(uniq.shape, dtype=bool)
@@ -167,7 +167,7 @@ def _count_step(windows: Windows, totals: dict[int, RankTraffic], layout: Any, g
             updated[t] = np.unique(np.concatenate(
                 [tabs[t][0] for tabs in previous.values() if t in tabs]))
         for r, tabs in windows.items():
-            g0 = (r // group) * group
+            g0 = cfg.group_members("embedding_rows_fwd", r, world)[0]
             for t, (uniq, _first, _last) in tabs.items():
                 stale = np.isin(uniq, updated.get(t, uniq[:0]), assume_unique=True)
                 owner = layout.locate(t, torch.from_numpy(uniq[stale]))[0].numpy() + g0
@@ -189,8 +189,7 @@ def _count_step(windows: Windows, totals: dict[int, RankTraffic], layout: Any, g
             tr.rows_fwd[m] += message(fwd[m], r, 1)
             tr.rows_bwd[m] += message(bwd[m], r, 1)
         if cfg.hsp_groups > 1:
-            local = r % group
-            replicas = [local + g * group for g in range(cfg.hsp_groups)]
+            replicas = list(cfg.group_members("hsp_embedding_grads", r, world))
             union = distinct(replicas)
             tr.hsp_ids += KEY_BYTES * max(distinct([x]) for x in replicas)
             tr.hsp_rows += union

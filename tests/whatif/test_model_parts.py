@@ -150,6 +150,10 @@ def test_the_trainers_groups_follow_hsp() -> None:
     assert cfg.group_size("key_routing", 2) == 1
     assert cfg.group_size("hsp_embedding_grads", 4) == 2
     assert cfg.group_size("dense_grads", 4) == 4
+    # rank 3 of 4 in two groups of two: its sharding group, and its shard's replicas
+    assert cfg.group_members("embedding_grads_bwd", 3, 4) == (2, 3)
+    assert cfg.group_members("hsp_embedding_grads", 3, 4) == (1, 3)
+    assert cfg.group_members("dense_grads", 3, 4) == (0, 1, 2, 3)
 
 
 def test_try_parser_reads_values_as_yaml_and_rejects_junk() -> None:
