@@ -97,10 +97,10 @@ class TrainConfig:
         return getattr(torch, self.dtype)
 
     def group_members(self, purpose: str, rank: int, world: int) -> tuple[int, ...]:
-        """The ranks of the process group `rank` runs a collective of `purpose` on
-        (sharding.make_groups): the row exchanges stay inside a sharding group of
-        world / hsp_groups consecutive ranks, HSP's gradient sum runs across the hsp_groups
-        replicas of the rank's shard, the rest on every rank."""
+        """The ranks of the process group `rank` runs a collective of `purpose` on (the
+        trainer's `sharding.make_groups` builds its groups from this): the row exchanges stay
+        inside a sharding group of world / hsp_groups consecutive ranks, HSP's gradient sum
+        runs across the hsp_groups replicas of the rank's shard, the rest on every rank."""
         size = max(world // self.hsp_groups, 1)
         if purpose in _SHARDING_GROUP_PURPOSES:
             first = rank // size * size

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from recprof.nestpipe.config import TrainConfig
+
 
 @dataclass
 class Groups:
@@ -35,20 +37,23 @@ class Groups:
     prefetch_group: dist.ProcessGroup | None = None
 
 
-def make_groups(hsp_groups: int, prefetch: bool = False) -> Groups:
-    """Create the sharding and replica groups; every rank calls this (new_group is collective)."""
+def make_groups(cfg: TrainConfig) -> Groups:
+    """Create the sharding and replica groups; every rank calls this (new_group is collective).
+
+    Their members are `TrainConfig.group_members`'s, which the analysis and what-if read too:
+    one definition of who exchanges with whom."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    size = world // hsp_groups
+    hsp_groups = cfg.hsp_groups
+    size = cfg.group_size("embedding_rows_fwd", world)
+    sharding = [list(cfg.group_members("embedding_rows_fwd", g * size, world))
+                for g in range(hsp_groups)]
     shard_group: dist.ProcessGroup = dist.group.WORLD
     replica_group = None
     if hsp_groups > 1:
-        shard_group = _own_group([list(range(g * size, (g + 1) * size))
-                                  for g in range(hsp_groups)], rank)
-        replica_group = _own_group([list(range(s, world, size)) for s in range(size)], rank)
-    prefetch_group = None
-    if prefetch:
-        prefetch_group = _own_group([list(range(g * size, (g + 1) * size))
-                                     for g in range(hsp_groups)], rank)
+        shard_group = _own_group(sharding, rank)
+        replica_group = _own_group([list(cfg.group_members("hsp_embedding_grads", s, world))
+                                    for s in range(size)], rank)
+    prefetch_group = _own_group(sharding, rank) if cfg.dbp else None
     return Groups(rank, world, rank % size, size, hsp_groups, shard_group, replica_group,
                   prefetch_group)
 

@@ -256,7 +256,7 @@ def train(
     Returns the summary on rank 0, None elsewhere.
     """
     started = time.perf_counter()
-    groups = make_groups(cfg.hsp_groups, prefetch=cfg.dbp)
+    groups = make_groups(cfg)
     trainer = Trainer(cfg, groups, device)
     is_main = groups.rank == 0
     metrics_fh = None
