@@ -123,7 +123,7 @@ class SyntheticSource:
         cfg = self.cfg
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, stream, index]))
         size, nf, n = cfg.batch_size, cfg.num_features, hi - lo
-        dense = rng.standard_normal((size, cfg.num_dense)).astype(np.float32)[lo:hi]
+        dense = rng.standard_normal((size, cfg.num_dense))[lo:hi].astype(np.float32)
         every_length = rng.integers(1, cfg.bag_size + 1, (nf, size))
         uniform = rng.random(int(every_length.sum()))
         coin = rng.random(size)[lo:hi]
@@ -145,7 +145,7 @@ class SyntheticSource:
             logit += sums[f * n:(f + 1) * n] / lengths[f]
         labels = coin < 1.0 / (1.0 + np.exp(-logit))
         return Batch(
-            dense=torch.from_numpy(np.ascontiguousarray(dense)),
+            dense=torch.from_numpy(dense),
             ids=torch.from_numpy(raw.astype(np.int64)),
             lengths=torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             labels=torch.from_numpy(labels.astype(np.float32)),

@@ -363,7 +363,6 @@ class Predictor:
             samples_per_step=self.cfg.batch_size if self.cfg else None,
         )
 
-
     def _host_notes(self) -> list[str]:
         """What the replay gets wrong about where the ranks ran: hosts that are one machine."""
         run = self.base.job.run
@@ -440,7 +439,7 @@ def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
     from recprof.nestpipe.qcomms import Codec
 
     dtype = cfg.float_dtype()
-    dim = cfg.embedding_dim // cfg.reshape
+    dim = cfg.dim
     count = max(rows, 1)
     data = torch.rand(count, dim, dtype=dtype)
     threads = torch.get_num_threads()
