@@ -125,9 +125,12 @@ def footprint(job: JobAnalysis, shapes: list[RankShape]) -> JobFootprint:
 def derive(job: JobAnalysis) -> Mirror:
     """The trainer config that mirrors `job`; raises RecprofError naming what is missing."""
     world = job.world_size or len(job.ranks)
-    if world < 2 or len(job.ranks) < 2:
-        raise RecprofError(f"job {job.id}: a single-rank capture has no embedding exchange to "
-                           "mirror; capture the job on 2 or more ranks")
+    if world < 2:
+        what = ("one rank's trace that does not say the job's world size (no distributedInfo), "
+                "so no embedding exchange is known" if job.world_size is None else
+                "a single-rank job has no embedding exchange")
+        raise RecprofError(f"job {job.id}: {what} to mirror; capture the job on 2 or more "
+                           "ranks")
     if not any(c.kind == "all_to_all" for c in job.collectives):
         raise RecprofError(f"job {job.id}: no all-to-all in the capture, so no sharded "
                            "embedding exchange to mirror (a data-parallel-only job has "
@@ -158,8 +161,9 @@ def derive(job: JobAnalysis) -> Mirror:
                             f"ranks: run the mirror with --nnodes {nodes} --nproc-per-node "
                             f"{mirror.ranks_per_node}")
     else:
-        mirror.notes.append(f"world size {world} ({len(job.ranks)} ranks captured; the traces "
-                            f"do not say how many ran per node): run the mirror on {world} ranks")
+        captured = f"{len(job.ranks)} rank{'s' if len(job.ranks) > 1 else ''} captured"
+        mirror.notes.append(f"world size {world} ({captured}; the traces do not say how many "
+                            f"ran per node): run the mirror on {world} ranks")
     _check(mirror, world)
     return mirror
 

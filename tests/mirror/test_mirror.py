@@ -127,12 +127,27 @@ def test_a_gpu_job_larger_than_this_machine_is_mirrored_without_running_it(
                "node)" in ln for ln in header), header
 
 
-def test_single_rank_is_refused_with_the_reason(trainer_run: Path) -> None:
-    one = sorted((trainer_run / "traces").glob("rank0_*"))
-    proc = _mirror_cli(str(one[0]), "-o", "-", "--calibrate", "0")
+def test_single_rank_job_is_refused_with_the_reason(shared_traces: Path) -> None:
+    """HTA's mtia_trace_single_rank: distributedInfo says a world of one."""
+    proc = _mirror_cli(str(shared_traces / "hta" / "mtia_trace_single_rank"), "-o", "-",
+                       "--calibrate", "0")
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "single-rank capture has no embedding exchange" in line
+    assert "a single-rank job has no embedding exchange" in line
+
+
+def test_one_rank_of_a_two_rank_capture_mirrors_the_whole_job(trainer_run: Path) -> None:
+    """A sampled rank shows its share of the batch and its exchange: the mirror is the job's
+    (the same keys as from both ranks), and the header says one rank was captured."""
+    one = sorted((trainer_run / "traces").glob("rank0_*"))
+    proc = _mirror_cli(str(one[0]), "-o", "-", "--calibrate", "0")
+    both = _mirror_cli(str(trainer_run), "-o", "-", "--calibrate", "0")
+    assert proc.returncode == 0 and both.returncode == 0, proc.stderr + both.stderr
+    assert "# world size 2 (1 rank captured;" in proc.stdout
+    values, whole = yaml.safe_load(proc.stdout), yaml.safe_load(both.stdout)
+    for key in ("batch_size", "num_dense", "embedding_dim", "bottom_mlp", "top_mlp",
+                "num_features", "bag_size"):
+        assert values[key] == whole[key], key
 
 
 def test_job_without_embedding_traffic_is_refused(shared_traces: Path) -> None:
@@ -142,11 +157,12 @@ def test_job_without_embedding_traffic_is_refused(shared_traces: Path) -> None:
 
 
 def test_cpu_only_rank_of_a_large_job_says_what_is_missing(shared_traces: Path) -> None:
-    """HTA's cpu_only trace: one gloo rank of 300, no shapes: one line, no traceback."""
+    """HTA's cpu_only trace: one gloo rank of 300 whose only collective is an all-reduce: one
+    line, no traceback, and not "single-rank" (the job had 300)."""
     proc = _mirror_cli(str(shared_traces / "hta" / "cpu_only"), "-o", "-", "--calibrate", "0")
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "single-rank capture" in line
+    assert "no all-to-all in the capture" in line
 
 
 def test_schema_1_analysis_says_the_traces_are_needed(tmp_path: Path) -> None:
