@@ -86,12 +86,12 @@ def main() -> None:
                            left=("per step and rank",))
     for label, a, b, fmt in (
             ("step ms", original.step_us / 1e3, copy.step_us / 1e3, "{:.2f}"),
-            ("unprofiled step ms", (original_free or 0) / 1e3, (copy_free or 0) / 1e3,
-             "{:.2f}"),
+            ("unprofiled step ms", _ms(original_free), _ms(copy_free), "{:.2f}"),
             ("dense fwd+bwd ms", original.dense_us / 1e3, copy.dense_us / 1e3, "{:.2f}"),
             ("exchange bytes", original.exchange_bytes, copy.exchange_bytes, "{:,.0f}"),
             ("all-to-alls", original.all_to_alls, copy.all_to_alls, "{:g}")):
-        table.add_row(label, fmt.format(a), fmt.format(b), f"{b / a:.2f}x" if a else "n/a")
+        table.add_row(label, _shown(fmt, a), _shown(fmt, b),
+                      f"{b / a:.2f}x" if a and b is not None else "n/a")
     overrides = f"; mirror run with {', '.join(args.mirror_set)}" if args.mirror_set else ""
     fused = (f"; dense fwd+bwd excludes TorchRec's fused sparse update "
              f"({original.fused_sparse_us / 1e3:.2f} ms)" if original.fused_sparse_us else "")
@@ -99,6 +99,15 @@ def main() -> None:
         f"{args.job} on {args.world} ranks{fused}{overrides}; runs kept in {work}"))
     for line in mirror.notes:
         Console().print(line, highlight=False)
+
+
+def _ms(us: float | None) -> float | None:
+    return us / 1e3 if us is not None else None
+
+
+def _shown(fmt: str, value: float | None) -> str:
+    """A run without unprofiled steps (no step logs) has no value: say so, not 0.00."""
+    return fmt.format(value) if value is not None else "not logged"
 
 
 if __name__ == "__main__":
