@@ -48,6 +48,9 @@ class Run:
     samples_per_step: float | None = None
     samples_source: str | None = None
     nodes: int | None = None
+    #: The captured command of each capture folder (the manifest's), with paths inside the
+    #: folder written `<run>/...` so two runs of one command read equal; None when unknown.
+    command: tuple[tuple[str, ...], ...] | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -88,6 +91,7 @@ def load_run(path: Path, label: str | None = None,
         run.samples_per_step = float(run.trainer_config["batch_size"])
         run.samples_source = "trainer summary (batch_size)"
     run.nodes = _nodes(capture_dirs, job)
+    run.command = _commands(capture_dirs)
     return run
 
 
@@ -171,6 +175,26 @@ def _trainer_config(path: Path, capture_dirs: list[Path]) -> dict[str, Any] | No
             if summary is not None and isinstance(summary.get("config"), dict):
                 return summary["config"]
     return None
+
+
+def _commands(capture_dirs: list[Path]) -> tuple[tuple[str, ...], ...] | None:
+    """Each capture folder's job command, its own folder's paths written `<run>` (the trainer
+    writes under the capture: `--out <run>/trainer`)."""
+    commands = []
+    for folder in capture_dirs:
+        command = (_read_json(folder / layout.MANIFEST) or {}).get("command")
+        if not isinstance(command, list) or not all(isinstance(t, str) for t in command):
+            return None
+        own = (str(folder), str(folder.resolve()))
+        commands.append(tuple(_relative(token, own) for token in command))
+    return tuple(commands) or None
+
+
+def _relative(token: str, folders: tuple[str, ...]) -> str:
+    for folder in folders:
+        if token == folder or token.startswith(folder + "/"):
+            return "<run>" + token[len(folder):]
+    return token
 
 
 def _nodes(capture_dirs: list[Path], job: JobAnalysis) -> int | None:

@@ -325,6 +325,11 @@ def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDel
         text += (f"; stage {stage.stage} {verb} most, from {ms(x.time_us)} to "
                  f"{ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → {ms(y.exposed_us)})")
     text += "."
+    if _same_command(first, last):
+        config = " and trainer config" if first.trainer_config is not None else ""
+        text += (f" Both ran the same command{config}: the difference is run-to-run "
+                 "variation or a change outside the command (machine load, environment, "
+                 "library versions); repeat each run to tell them apart.")
     if len(runs) > 2 and all(s.throughput is not None for s in summaries):
         best = max(summaries, key=lambda s: s.throughput or 0.0)
         text += (f" Highest throughput of the {len(runs)} runs: {best.label}, "
@@ -333,6 +338,14 @@ def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDel
         best = min(summaries, key=lambda s: s.step_us)
         text += f" Shortest step of the {len(runs)} runs: {best.label}, {ms(best.step_us)}."
     return text
+
+
+def _same_command(first: Run, last: Run) -> bool:
+    """Two different captures of one command (and, for the trainer, one resolved config: the
+    config file may have changed between them)."""
+    return (first.command is not None and first.command == last.command
+            and first.capture_dirs != last.capture_dirs
+            and first.trainer_config == last.trainer_config)
 
 
 def _mismatch_warnings(runs: list[Run]) -> list[str]:

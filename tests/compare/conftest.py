@@ -16,6 +16,7 @@ from compare_helpers import capture_trainer
 RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "1rank": (1, ()),
     "2ranks": (2, ()),
+    "2ranks-again": (2, ()),  # a second capture of the same command
     # ~3x slower than the baseline on the demo config (issue #17).
     "2ranks-mb16": (2, ("micro_batches=16",)),
 }

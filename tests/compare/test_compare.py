@@ -67,6 +67,24 @@ def test_run_against_itself_has_zero_deltas_and_passes_the_gate(
     assert max(map(len, stdout.splitlines())) <= 80 and "\x1b[" not in stdout
 
 
+def test_two_captures_of_one_command_say_the_difference_is_not_the_job(
+        trainer_run: Callable[[str], Path]) -> None:
+    """Two captures of one command differ by whatever the machine did; the verdict must not
+    read like an effect of a change. Different commands, or a run against itself, are not
+    flagged."""
+    first, again = load_run(trainer_run("2ranks")), load_run(trainer_run("2ranks-again"))
+    assert first.command is not None and first.command == again.command
+    assert any("<run>/trainer" in command for command in first.command)
+    same = "Both ran the same command and trainer config"
+    assert same in compare_runs([first, again]).verdict
+    assert same not in compare_runs([first, first]).verdict
+    other = load_run(trainer_run("2ranks-mb16"))
+    assert same not in compare_runs([first, other]).verdict
+    assert same not in compare_runs(
+        [first, dataclasses.replace(again, trainer_config={**again.trainer_config, "seed": 1})]
+    ).verdict
+
+
 def test_one_rank_against_two_ranks(trainer_run: Callable[[str], Path], tmp_path: Path) -> None:
     one, two = trainer_run("1rank"), trainer_run("2ranks")
     html = tmp_path / "cmp.html"
