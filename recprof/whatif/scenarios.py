@@ -83,9 +83,13 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     # overlapped exchanges met (the gradient all-to-all beside the dense all-reduce and
     # compute), which they do not meet: on the emulated link an HSP capture's 4.4 MB
     # all-reduce took 44.5 ms, as long as one timed on an idle link (docs/whatif.md). With DBP
-    # the prefetch thread runs beside them, and they keep the factor; so they do when the
-    # capture itself ran HSP (the factor was fitted with them).
-    hsp_contended = dbp or cfg.hsp_groups > 1
+    # the prefetch thread's exchanges run beside them, and they keep the factor, unless those
+    # exchanges are local copies (a sharding group of one rank: nothing beside them on the
+    # wire; the prefetch thread's compute beside them did not slow them: an HSP all-reduce
+    # took 47.0 ms a step without DBP, 46.2 with it); so they do when the capture itself ran
+    # HSP (the factor was fitted with them).
+    prefetch_on_wire = dbp and scenario_cfg.group_size("embedding_rows_fwd", world) > 1
+    hsp_contended = prefetch_on_wire or cfg.hsp_groups > 1
 
     fwd_row, bwd_row, hsp_row = wire_bytes(scenario_cfg)
     captured = sorted(base.ranks)
@@ -164,8 +168,11 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                      f"{codec.fwd:+.3f} us per row sent forward and {codec.bwd:+.3f} backward "
                      "from the capture's format's; under the run's load they may take longer")
     if groups > 1 and not hsp_contended:
+        beside = ("; the prefetch thread's exchanges are local copies (sharding groups of one "
+                  "rank)" if dbp else "")
         notes.append("HSP's all-gathers and all-reduce, run one at a time with nothing beside "
-                     "them, move at the fitted lines without the calibrated contention")
+                     f"them on the wire{beside}, move at the fitted lines without the "
+                     "calibrated contention")
     if n > 1:
         notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
                      "fixed per-op cost (ops per step x the ops' 10th-percentile duration) and "
