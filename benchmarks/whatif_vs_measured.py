@@ -23,6 +23,11 @@ baseline runs around it in time (interpolated), so drift that moves both cancels
 between single runs (8-20% here on 2026-11-24) does not. The spread of the baseline runs is the
 noise floor.
 
+One run per config judges a prediction no closer than that jitter. `--repeats R` walks the
+grid R times (passes spread each config's runs over the session) and takes each config's median
+over its R runs; the table then also shows each config's spread (max - min over its runs, of
+the median).
+
 The default config is comm_bound.yaml (wide embeddings: the knobs move the step well beyond
 noise) at 30 steps, 8 of them warm-up.
 
@@ -43,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +99,16 @@ def main() -> None:
     parser.add_argument("--reference-every", type=int, default=4, metavar="K",
                         help="run the baseline config before every K configs and at the end "
                              "(drift reference and noise floor)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="R",
+                        help="run the grid R times and take each config's median step")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--trial-timeout", type=float, default=600.0)
     parser.add_argument("--repredict", type=Path, metavar="OUT", default=None,
                         help="re-predict the grid of a finished run in OUT (its results.yaml "
                              "and baseline capture) with the current model; runs nothing")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     console = Console(width=None if sys.stdout.isatty() else 140)
     if args.repredict is not None:
         repredict(args.repredict.resolve(), console)
@@ -175,31 +185,59 @@ def main() -> None:
     grid = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
     grid = [g for g in grid if invalid_reason({**BASELINE, **g}, shape) is None]
     predictions = {json.dumps(g): predictor.predict(g) for g in grid}
-    rows, references = [], []  # references: (position in the run order, measured step)
+    # Positions count configs run so far over every pass: a baseline run at position p ran
+    # before the p-th config run; a config's run at p ran right after it.
+    runs: list[list[tuple[int, float]]] = [[] for _ in grid]  # per config: (position, step)
+    references: list[tuple[int, float]] = []
+    position = 0
 
     def reference() -> None:
         trial = run(f"reference-{len(references):02d}", dict(BASELINE), capture=False)
-        references.append((len(rows), measured_step_us(trial, base["warmup_steps"])))
+        references.append((position, measured_step_us(trial, base["warmup_steps"])))
 
-    for i, g in enumerate(grid):
-        if i % args.reference_every == 0:
-            reference()
-        trial = run(f"run-{i:02d}", {**BASELINE, **g}, capture=False)
-        measured = measured_step_us(trial, base["warmup_steps"])
-        predicted = predictions[json.dumps(g)].step_us
-        rows.append((g, predicted, measured))
-        console.print(f"{i + 1}/{len(grid)} {knobs_label(g)}: predicted {predicted / 1e3:.2f} "
-                      f"ms, measured {measured / 1e3:.2f} ms", highlight=False)
+    for rep in range(args.repeats):
+        for i, g in enumerate(grid):
+            if i % args.reference_every == 0:
+                reference()
+            name = f"run-{i:02d}" if args.repeats == 1 else f"run-{rep}-{i:02d}"
+            trial = run(name, {**BASELINE, **g}, capture=False)
+            runs[i].append((position, measured_step_us(trial, base["warmup_steps"])))
+            position += 1
+            console.print(f"{rep * len(grid) + i + 1}/{len(grid) * args.repeats} "
+                          f"{knobs_label(g)}: predicted "
+                          f"{predictions[json.dumps(g)].step_us / 1e3:.2f} ms, measured "
+                          f"{runs[i][-1][1] / 1e3:.2f} ms", highlight=False)
     reference()
+    rows = [Row(g, predictions[json.dumps(g)].step_us, r) for g, r in zip(grid, runs,
+                                                                          strict=True)]
     report(console, f"{where}, world {launch.world_size}", predictor, rows, references)
-    console.print(f"{len(rows)} configs, {len(references)} baseline runs, "
+    console.print(f"{len(rows)} configs x {args.repeats}, {len(references)} baseline runs, "
                   f"{time.monotonic() - started:.0f} s", highlight=False)
     (out / "results.yaml").write_text(yaml.safe_dump(
-        {"configs": [{"knobs": g, "predicted_us": p, "measured_us": m} for g, p, m in rows],
+        {"configs": [{"knobs": r.knobs, "predicted_us": r.predicted_us,
+                      "measured_us": r.measured_us,
+                      "runs": [{"position": p, "measured_us": m} for p, m in r.runs]}
+                     for r in rows],
          "baseline_runs": [{"before_config": i, "measured_us": m} for i, m in references]}))
 
 
-Row = tuple[dict[str, Any], float, float]  # (knobs, predicted us, measured us)
+@dataclass
+class Row:
+    """One config: its knobs, the prediction, and its measured runs (position in the run
+    order, step us); measured is their median."""
+
+    knobs: dict[str, Any]
+    predicted_us: float
+    runs: list[tuple[int, float]]
+
+    @property
+    def measured_us(self) -> float:
+        return statistics.median(m for _, m in self.runs)
+
+    @property
+    def spread(self) -> float:
+        steps = [m for _, m in self.runs]
+        return (max(steps) - min(steps)) / statistics.median(steps)
 
 
 def report(console: Console, where: str, predictor: Predictor, rows: list[Row],
@@ -210,19 +248,25 @@ def report(console: Console, where: str, predictor: Predictor, rows: list[Row],
     for col in ("config", "predicted ms", "measured ms", "step error", "predicted change",
                 "measured change", "change error"):
         table.add_column(col, justify="left" if col == "config" else "right")
+    repeated = any(len(r.runs) > 1 for r in rows)
+    if repeated:
+        table.add_column("spread", justify="right")
     step_errors, change_errors = [], []
-    for i, (g, predicted, measured) in enumerate(rows):
+    for row in rows:
+        g, predicted, measured = row.knobs, row.predicted_us, row.measured_us
         step_error = (predicted - measured) / measured
-        # the baseline as measured at this config's place in the run order
-        around = float(np.interp(i + 0.5, [p for p, _ in references],
-                                 [m for _, m in references]))
+        # the baseline as measured at each run's place in the run order
+        around = statistics.median(
+            float(np.interp(p + 0.5, [q for q, _ in references], [m for _, m in references]))
+            for p, _ in row.runs)
         predicted_change, measured_change = predicted / predicted_base, measured / around
         change_error = predicted_change / measured_change - 1
         step_errors.append(abs(step_error))
         change_errors.append(abs(change_error))
         table.add_row(knobs_label(g), f"{predicted / 1e3:.2f}", f"{measured / 1e3:.2f}",
                       f"{step_error:+.1%}", f"{predicted_change - 1:+.1%}",
-                      f"{measured_change - 1:+.1%}", f"{change_error:+.1%}")
+                      f"{measured_change - 1:+.1%}", f"{change_error:+.1%}",
+                      *([f"{row.spread:.1%}"] if repeated else []))
     console.print(table)
     runs = [m for _, m in references]
     spread = (max(runs) - min(runs)) / statistics.median(runs)
@@ -249,8 +293,10 @@ def repredict(out: Path, console: Console) -> None:
     predictor = Predictor(measure(one_job([capture])))
     console.print(f"re-predicted with the current model; calibration: {predictor.calibration}",
                   highlight=False)
-    rows = [(c["knobs"], predictor.predict(c["knobs"]).step_us, c["measured_us"])
-            for c in results["configs"]]
+    rows = [Row(c["knobs"], predictor.predict(c["knobs"]).step_us,
+                [(r["position"], r["measured_us"]) for r in c["runs"]] if "runs" in c
+                else [(i, c["measured_us"])])
+            for i, c in enumerate(results["configs"])]
     references = [(r["before_config"], r["measured_us"]) for r in results["baseline_runs"]]
     report(console, f"re-predicted from {out}, world {predictor.base.world}", predictor,
            rows, references)
