@@ -100,25 +100,8 @@ def tune(
     if like is not None:
         if config is not None:
             raise RecprofError("give --config or --like, not both (--like writes the config)")
-        from recprof.capture.rank_meta import usable_cores
-        from recprof.mirror.command import calibrate_mirror, derive_with_status, one_job
-        from recprof.mirror.derive import mirror_launch
-
-        job = one_job([like])
-        mirrored = derive_with_status(job, console)
-        nproc_per_node = mirror_launch(mirrored, nproc_per_node, nnodes, usable_cores())
-        name = study or f"like-{mirrored.job_id}-{nnodes}x{nproc_per_node}"
-        out = out or Path("reports") / f"tune-{name}"
-        config = out / "mirror.yaml"
-        mirrors = f"job {mirrored.job_id} ({like})"
-        if config.is_file():  # a resumed study keeps the base config its trials ran on
-            console.print(f"mirror of {mirrors}: reusing {config} (delete it to mirror again)",
-                          highlight=False)
-        else:
-            calibrate_mirror(job, mirrored, 4, console)
-            out.mkdir(parents=True, exist_ok=True)
-            config.write_text(mirrored.to_yaml(str(like)))
-            console.print(f"mirror of {mirrors}: {config}", highlight=False)
+        config, nproc_per_node, study, out, mirrors = mirror_for_tuning(
+            like, nproc_per_node, nnodes, study, out, console)
     nproc_per_node = nproc_per_node or 2
     name = study or default_study_name(config, Launch(nproc_per_node, nnodes))
     out = out or Path("reports") / f"tune-{name}"
@@ -148,3 +131,32 @@ def tune(
     console.print(f"dashboard: optuna-dashboard {result.dashboard_arg}", highlight=False)
     if result.interrupted:
         raise typer.Exit(130)
+
+
+def mirror_for_tuning(like: Path, nproc_per_node: int | None, nnodes: int, study: str | None,
+                      out: Path | None, console: Console
+                      ) -> tuple[Path, int, str, Path, str]:
+    """`--like`: the mirror config (OUT/mirror.yaml), ranks per node, study name, output folder
+    and what the study mirrors. The launch and the names come from the job's layout alone, so
+    a resumed study finds its saved config before anything is derived: deriving fits the key
+    skew over every rank (24 s for a 128-rank job), and the trials already ran on that file."""
+    from recprof.capture.rank_meta import usable_cores
+    from recprof.mirror.command import calibrate_mirror, derive_with_status, one_job
+    from recprof.mirror.derive import mirror_launch, mirror_layout
+
+    job = one_job([like])
+    nproc_per_node = mirror_launch(mirror_layout(job), nproc_per_node, nnodes, usable_cores())
+    name = study or f"like-{job.id}-{nnodes}x{nproc_per_node}"
+    out = out or Path("reports") / f"tune-{name}"
+    config = out / "mirror.yaml"
+    mirrors = f"job {job.id} ({like})"
+    if config.is_file():  # a resumed study keeps the base config its trials ran on
+        console.print(f"mirror of {mirrors}: reusing {config} (delete it to mirror again)",
+                      highlight=False)
+    else:
+        mirrored = derive_with_status(job, console)
+        calibrate_mirror(job, mirrored, 4, console)
+        out.mkdir(parents=True, exist_ok=True)
+        config.write_text(mirrored.to_yaml(str(like)))
+        console.print(f"mirror of {mirrors}: {config}", highlight=False)
+    return config, nproc_per_node, name, out, mirrors

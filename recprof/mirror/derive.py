@@ -168,6 +168,13 @@ def derive(job: JobAnalysis) -> Mirror:
     return mirror
 
 
+def mirror_layout(job: JobAnalysis) -> Mirror:
+    """The job's id, world size and ranks per node: what `mirror_launch` reads, without
+    deriving the config (a resumed `tune --like` reuses the one it saved)."""
+    world = job.world_size or len(job.ranks)
+    return Mirror(job.id, world, {}, ranks_per_node=ranks_per_node(job, world))
+
+
 def mirror_launch(mirror: Mirror, nproc_per_node: int | None, nnodes: int,
                   cores: int) -> int:
     """Ranks per node to run the mirror with (`recprof tune --like`): the job's world size over
@@ -195,7 +202,7 @@ def mirror_launch(mirror: Mirror, nproc_per_node: int | None, nnodes: int,
     if nnodes * nproc_per_node != world:
         raise RecprofError(
             f"job {mirror.job_id} ran {world} ranks; {nnodes} x {nproc_per_node} would give each "
-            f"rank another share of its {mirror.values['batch_size']}-sample batch: give "
+            "rank another share of its global batch: give "
             f"--nnodes and --nproc-per-node that multiply to {world}, or write the config with "
             "`recprof mirror` and set batch_size for a smaller run")
     return nproc_per_node

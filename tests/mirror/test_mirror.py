@@ -107,6 +107,34 @@ def test_the_launch_is_the_jobs_world_and_nodes(trainer_run: Path) -> None:
     assert mirror_launch(unknown, None, 2, cores=64) == 64
 
 
+def test_a_resumed_tune_like_reuses_its_mirror_without_deriving(
+        trainer_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch and the study's names come from the job's layout; with OUT/mirror.yaml
+    there (the file the study's trials ran on), nothing is derived again."""
+    from rich.console import Console
+
+    import recprof.mirror.command as mirror_command
+    from tuner.command import mirror_for_tuning
+
+    def no_derive(*_: object) -> None:
+        raise AssertionError("derived again")
+
+    monkeypatch.setattr(mirror_command, "derive_with_status", no_derive)
+    out = tmp_path / "tune"
+    out.mkdir()
+    (out / "mirror.yaml").write_text("batch_size: 512\n")
+    config, nproc, name, folder, mirrors = mirror_for_tuning(
+        trainer_run, None, 1, None, out, Console(quiet=True))
+    job_id = analyze_paths([trainer_run]).jobs[0].id
+    assert (config, nproc, folder) == (out / "mirror.yaml", 2, out)
+    assert name == f"like-{job_id}-1x2" and mirrors == f"job {job_id} ({trainer_run})"
+    assert (out / "mirror.yaml").read_text() == "batch_size: 512\n"
+    # without the file it derives (here: the stand-in refuses)
+    (out / "mirror.yaml").unlink()
+    with pytest.raises(AssertionError, match="derived again"):
+        mirror_for_tuning(trainer_run, None, 1, None, out, Console(quiet=True))
+
+
 def test_a_gpu_job_larger_than_this_machine_is_mirrored_without_running_it(
         shared_traces: Path, tmp_path: Path) -> None:
     """HTA's trace_filter: 2 ranks sampled from a 128-GPU job. Calibration used to start 128
