@@ -63,10 +63,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from emulated_cluster import EmulatedCluster, link_rate  # noqa: E402
 
+from recprof.capture.layout import STEADY_PROFILED_STEPS  # noqa: E402
 from recprof.mirror.command import one_job  # noqa: E402
 from recprof.nestpipe.knobs import BASELINE, invalid_reason, knobs_label  # noqa: E402
 from recprof.whatif.baseline import measure  # noqa: E402
-from recprof.whatif.predict import STEADY_PROFILED_STEPS, Predictor  # noqa: E402
+from recprof.whatif.predict import Predictor  # noqa: E402
 from tuner.runner import TrialRunner, capture_window  # noqa: E402
 from tuner.trainer import Launch, job_shape, load_base_config, trial_config, write_config  # noqa: E402
 

@@ -96,6 +96,13 @@ class EventKind(enum.StrEnum):
     EXIT = "exit"
 
 
+#: Profiled steps below which a reading carries single steps' jitter: on a shared 2-core host,
+#: five 5-step captures of one config predicted one knob's change 12 points apart, three
+#: 15-step captures 2 points apart (docs/whatif.md, "Measured"); a mirror calibration run's
+#: dense time spread 21% over four 5-step captures, 6% over four 15-step ones.
+STEADY_PROFILED_STEPS = 15
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The profiled window, in steps counted from the first step boundary, and what the profiler

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from recprof.capture.layout import STEADY_PROFILED_STEPS
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
 from recprof.whatif.baseline import Baseline
@@ -389,10 +390,6 @@ class Predictor:
         return notes
 
 
-#: Profiled steps below which the fits carry single steps' jitter: on a shared 2-core host,
-#: five 5-step captures of one config predicted one knob's change 12 points apart, three
-#: 15-step captures 2 points apart (docs/whatif.md, "Measured").
-STEADY_PROFILED_STEPS = 15
 #: The factors calibration may choose; one at a bound means the replay cannot reproduce the
 #: capture (a profiled op 50x its unprofiled time, or collectives 20x their fitted lines).
 CONTENTION_RANGE = (0.1, 20.0)

@@ -108,7 +108,7 @@ def test_a_knob_the_model_cannot_handle_is_refused_in_one_line(captured: Path) -
 
 
 def test_a_short_capture_says_its_fits_rest_on_few_steps(captured: Path) -> None:
-    from recprof.whatif.predict import STEADY_PROFILED_STEPS
+    from recprof.capture.layout import STEADY_PROFILED_STEPS
 
     assert ACTIVE < STEADY_PROFILED_STEPS  # this capture is a short one
     proc = _whatif(str(captured), "--try", "qcomms=fp16")
