@@ -33,12 +33,13 @@ from recprof.mirror.derive import Mirror, dense_us
 #: their own noise (the DDP example's mirror: 5.07 ms in its one calibration run, -14% and
 #: so kept at a 15% tolerance, then 4.68 ms, -21%, in the capture that followed).
 TOLERANCE = 0.05
-#: Rows per table in calibration runs, and the run's length.
-#: The capture records STEADY_PROFILED_STEPS after CALIBRATION_WAIT steps (and one warm-up).
-CALIBRATION_WAIT = 8
+#: A calibration run's capture waits CALIBRATION_WAIT steps, warms the profiler up for
+#: CALIBRATION_PROFILER_WARMUP and records STEADY_PROFILED_STEPS.
+CALIBRATION_WAIT, CALIBRATION_PROFILER_WARMUP = 8, 2
+#: Rows per table in calibration runs, and the run's length (5 steps after the window).
 CALIBRATION_KEYS = {"num_embeddings": 2000, "vocab_size": 2000,
-                    "steps": CALIBRATION_WAIT + 2 + STEADY_PROFILED_STEPS + 5, "warmup_steps": 4,
-                    "eval_batches": 1}
+                    "steps": CALIBRATION_WAIT + CALIBRATION_PROFILER_WARMUP
+                    + STEADY_PROFILED_STEPS + 5, "warmup_steps": 4, "eval_batches": 1}
 
 
 @dataclass
@@ -86,8 +87,8 @@ def measure(values: dict, world: int, workdir: Path) -> float:
     config.write_text(yaml.safe_dump({**values, **CALIBRATION_KEYS}, sort_keys=False))
     out = workdir / "capture"
     cmd = [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--no-report",
-           "--wait", str(CALIBRATION_WAIT), "--warmup", "2", "--active",
-           str(STEADY_PROFILED_STEPS), "--",
+           "--wait", str(CALIBRATION_WAIT), "--warmup", str(CALIBRATION_PROFILER_WARMUP),
+           "--active", str(STEADY_PROFILED_STEPS), "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(world), "-m", "recprof.nestpipe", "--config", str(config),
            "--out", str(out / "trainer")]
