@@ -468,6 +468,8 @@ def main() -> None:
     if not args.no_large:
         large(args.large, args.repeat)
     if not args.no_scale:
+        if args.workdir is not None:  # the replicated ranks' temporary folders go inside it
+            args.workdir.mkdir(parents=True, exist_ok=True)
         scale(args.traces, [int(n) for n in args.ranks.split(",")], args.workdir)
         if not args.no_dask:
             dask_scale(args.traces, args.dask_ranks, args.dask_workers, args.workdir)
