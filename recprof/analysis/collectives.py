@@ -18,7 +18,7 @@ from recprof.analysis.intervals import IntervalSet
 from recprof.analysis.model import CollectiveSample, CollectiveStats, PeerBytes, RankCollective
 from recprof.analysis.windows import Window
 from recprof.trace.model import ActivityClass, RankTrace
-from recprof.trace.vocabulary import COLLECTIVE_KINDS, PURPOSES, bus_factor
+from recprof.trace.vocabulary import COLLECTIVE_KINDS, PURPOSES, UNKNOWN_PURPOSE, bus_factor
 
 DEFAULT_GROUP = "default"
 MAX_SAMPLES_PER_JOB = 4000
@@ -55,7 +55,7 @@ class CollectiveRecords:
     sends: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))  # per peer
 
     def stats_key(self, i: int) -> StatsKey:
-        return self.kind[i], self.group[i], self.purpose[i] if self.purpose else "unknown"
+        return self.kind[i], self.group[i], self.purpose[i] if self.purpose else UNKNOWN_PURPOSE
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -102,7 +102,7 @@ def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Wind
                         for w in which], dtype=np.int64)
     kinds = [COLLECTIVE_KINDS[k] for k in acts.coll_kind[idx]]
     groups = [trace.names[g] if g >= 0 else DEFAULT_GROUP for g in acts.coll_group[idx]]
-    carried = [PURPOSES[p] if p >= 0 else "unknown" for p in purposes[idx]]
+    carried = [PURPOSES[p] if p >= 0 else UNKNOWN_PURPOSE for p in purposes[idx]]
     exposed: dict[StatsKey, float] = {}
     by_key: dict[StatsKey, list[int]] = defaultdict(list)
     for pos, key in enumerate(zip(kinds, groups, carried, strict=True)):

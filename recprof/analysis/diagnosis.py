@@ -43,6 +43,7 @@ from recprof.analysis.frameworks import (
 )
 from recprof.analysis.model import CollectiveStats, Finding
 from recprof.nestpipe.knobs import searched_by_default
+from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
 if TYPE_CHECKING:
     from recprof.analysis.model import JobAnalysis
@@ -304,7 +305,7 @@ def _payload_share(by_purpose: dict[str, float]) -> float:
 
 def _purpose_evidence(by_purpose: dict[str, float], exposed: float) -> str | None:
     """`by what it carries: kjt_splits 1.5 ms, pooled_embeddings_fwd 1.2 ms`, when known."""
-    known = {p: v for p, v in by_purpose.items() if p != "unknown"}
+    known = {p: v for p, v in by_purpose.items() if p != UNKNOWN_PURPOSE}
     if not known:
         return None
     text = "exposed by what it carries, per step: " + ", ".join(

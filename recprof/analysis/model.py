@@ -25,6 +25,7 @@ import orjson
 
 from recprof import __version__
 from recprof.errors import RecprofError
+from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
 SCHEMA = "recprof.analysis/2"
 #: Older documents that still load; what they lack (per-step means, findings, the verdict) is
@@ -163,7 +164,7 @@ class CollectiveStats:
     total_us_per_step: float = 0.0
     exposed_us_per_step: float = 0.0
     bytes_per_step: float | None = None  # mean message bytes x messages per step
-    purpose: str = "unknown"  # what it carries (vocabulary.PURPOSES)
+    purpose: str = UNKNOWN_PURPOSE  # what it carries (vocabulary.PURPOSES)
 
 
 @dataclass
@@ -180,7 +181,7 @@ class CollectiveSample:
     step: int | None = None
     index: int = 0  # n-th of its kind and group in the step: joins with skew.matched
     wait_us: float | None = None  # this rank's wait in it for later ranks; None if unmatched
-    purpose: str = "unknown"
+    purpose: str = UNKNOWN_PURPOSE
     #: Time behind the rank's earlier collectives still in flight (`CollectiveRecords.queued_us`)
     queued_us: float = 0.0
 
@@ -195,7 +196,7 @@ class RankCollective:
     total_us: float
     exposed_us: float  # union of these collectives not under compute
     wait_us: float  # time spent waiting in them for later ranks (matched calls only)
-    purpose: str = "unknown"
+    purpose: str = UNKNOWN_PURPOSE
 
 
 @dataclass

@@ -211,6 +211,8 @@ PURPOSE_MEANING = {
     "unknown": "no label around it says what it carries",
 }
 PURPOSES = tuple(PURPOSE_MEANING)
+#: The purpose of a collective no label says anything about.
+UNKNOWN_PURPOSE = "unknown"
 
 #: Where each purpose's traffic belongs among the stages.
 PURPOSE_STAGE = {

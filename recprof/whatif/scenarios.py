@@ -18,7 +18,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from recprof.trace.vocabulary import PURPOSE_STAGE
+from recprof import units
+from recprof.trace.vocabulary import PURPOSE_STAGE, UNKNOWN_PURPOSE
 from recprof.whatif.baseline import MICRO_BATCH_STAGES, Baseline, RankBaseline
 from recprof.whatif.costs import Network
 from recprof.whatif.replay import (
@@ -226,7 +227,23 @@ def job_replay(base: Baseline, wire_factor: float, compute_scale: float, network
     notes = ["this job's schedule is not known to the replay: each collective's transfer "
              "scales with the fitted links, and what the capture hid behind compute stays "
              "hidden up to the time it hid there"]
+    if wire_factor != 1.0:
+        notes += unknown_exchange_note(base.ranks[captured[0]],
+                                        max(len(base.job.steps_analysed), 1))
     return Replay(ranks[critical].end_us, ranks, critical), notes
+
+
+def unknown_exchange_note(rb: RankBaseline, steps: int) -> list[str]:
+    """A wire precision changes only the exchanges recognised as embedding rows or gradients;
+    a hand-written job's all-to-alls of unknown purpose (ids, counts, or rows the trace does
+    not name) keep their size, and the prediction must say how many bytes that leaves out."""
+    unknown = [b for b in rb.bytes_by_purpose.get(UNKNOWN_PURPOSE, [])
+               if rb.kind_by_purpose.get(UNKNOWN_PURPOSE) == "all_to_all"]
+    if not unknown:
+        return []
+    return [f"the all-to-alls of unknown purpose ({len(unknown) / steps:g} per step, "
+            f"{units.size(sum(unknown) / steps)} on rank {rb.rank}: ids, counts, or rows the "
+            "trace does not name) keep their size"]
 
 
 def _fixed_per_pass(rb: RankBaseline, compute: dict[str, float]) -> dict[str, float]:

@@ -222,3 +222,26 @@ def test_codec_cost_is_the_codecs_own_time_per_row_and_direction() -> None:
     finally:
         torch.set_num_threads(threads)
     assert measure_codec(cfg, "fp32", rows)[0] < fwd  # the lossless format is a no-op
+
+
+def test_a_wire_precision_says_which_all_to_alls_keep_their_size() -> None:
+    """A hand-written job's all-to-alls of unknown purpose (the DDP example's counts, ids and
+    forward rows) are not scaled by a wire precision: the prediction says how many and how
+    many bytes, per step. TorchRec's KJT all-to-alls are known ids: no note."""
+    from recprof import units
+    from recprof.whatif.baseline import RankBaseline
+    from recprof.whatif.scenarios import unknown_exchange_note
+
+    def rank(bytes_by_purpose: dict[str, list[float]]) -> RankBaseline:
+        return RankBaseline(0, None, 1000.0, {}, 0.0, bytes_by_purpose,
+                            dict.fromkeys(bytes_by_purpose, "all_to_all"))
+
+    steps = 5
+    hand_written = rank({"unknown": [16.0, 65_536.0, 2_097_152.0] * steps,
+                         "embedding_grads_bwd": [2_097_152.0] * steps})
+    (note,) = unknown_exchange_note(hand_written, steps)
+    per_step = units.size(16.0 + 65_536.0 + 2_097_152.0)
+    assert f"unknown purpose (3 per step, {per_step} on rank 0" in note
+    torchrec = rank({"kjt_splits": [48.0] * steps, "kjt_values": [6656.0] * steps,
+                     "pooled_embeddings_fwd": [425_984.0] * steps})
+    assert unknown_exchange_note(torchrec, steps) == []

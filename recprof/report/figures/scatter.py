@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from recprof.analysis.model import CollectiveSample, JobAnalysis
 from recprof.report.figures.style import Figure, layout, purpose_color
 from recprof.report.safe import plot_text
-from recprof.trace.vocabulary import PURPOSES
+from recprof.trace.vocabulary import PURPOSES, UNKNOWN_PURPOSE
 
 #: Points drawn at most (evenly strided over the samples).
 MAX_SCATTER_POINTS = 3000
@@ -41,7 +41,7 @@ def bandwidth_scatter_info(job: JobAnalysis) -> ScatterInfo | None:
 
 def series_name(kind: str, purpose: str) -> str:
     """`all_to_all · kjt_values`; the kind alone when the purpose is unknown."""
-    return kind if purpose == "unknown" else f"{kind} · {purpose}"
+    return kind if purpose == UNKNOWN_PURPOSE else f"{kind} · {purpose}"
 
 
 def scatter_note(info: ScatterInfo) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from recprof.trace.vocabulary import UNKNOWN_PURPOSE
+
 Figure = dict[str, Any]
 
 COLORS = {
@@ -61,7 +63,7 @@ def collective_color(kind: str | None) -> str:
 
 def purpose_color(purpose: str | None, kind: str | None) -> str:
     """The fixed colour of what a collective carries; its kind's colour when that is unknown."""
-    return PURPOSE_COLORS.get(purpose or "unknown") or collective_color(kind)
+    return PURPOSE_COLORS.get(purpose or UNKNOWN_PURPOSE) or collective_color(kind)
 
 
 #: Height of plotly's mode bar (the toolbar shown on hover, top right): legends start below it.
