@@ -3,8 +3,12 @@
 A finding on a built-in trainer job names the knobs that act on it. When the job's capture can
 be replayed (recprof/whatif), each of those knobs' values on the job's shape is predicted and
 the best one is quoted beside the finding's bound, so the reader sees both what could be won at
-most and what turning the knob is predicted to win. Jobs the replay cannot model keep the
-bound alone; the reason is not repeated on every finding.
+most and what turning the knob is predicted to win. Of another framework's knobs the replay
+predicts one: the wire precision of the embedding exchange (TorchRec's QCommsConfig, a
+hand-written job's dtype on the wire), quoted on the findings that name it. On TorchRec's golden
+DLRM the exposed all-to-all's bound was 1.3 ms (16% of the step), mostly the 48-byte KJT splits
+exchange; fp8 was predicted to win 0.11 ms. Jobs the replay cannot model keep the bound alone;
+the reason is not repeated on every finding.
 
 The report flows call it (`recprof capture`'s analysis and report, `recprof report`), not
 `recprof analyze`: a prediction imports torch and samples the job's keys, seconds and a few
@@ -15,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from recprof.analysis.model import AnalysisResult, JobAnalysis
+from recprof.analysis.frameworks import REMEDIES, SHRINK
+from recprof.analysis.model import AnalysisResult, Finding, JobAnalysis
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS
 
@@ -30,21 +35,73 @@ def quote_all(result: AnalysisResult) -> None:
 
 def quote_predictions(job: JobAnalysis) -> None:
     """Add the predicted best value of each finding's trainer knobs to its estimate, in place,
-    for a captured built-in trainer job (others are left as they are). A prediction that
-    cannot be made is a warning on the job: the analysis never fails for want of one."""
-    if job.framework != "nestpipe" or job.run is None or not any(f.knobs for f in job.findings):
+    for a captured built-in trainer job; for another framework's captured job, the best wire
+    precision on the findings that name its precision knobs. A prediction that cannot be made
+    is a warning on the job: the analysis never fails for want of one."""
+    if job.run is None or not any(f.knobs for f in job.findings):
+        return
+    if job.framework != "nestpipe" and not _precision_findings(job):
         return
     try:
         from recprof.whatif.baseline import measure
         from recprof.whatif.predict import Predictor
 
         predictor = Predictor(measure(job))
-        _quote(job, predictor)
+        if job.framework == "nestpipe":
+            _quote(job, predictor)
+        else:
+            _quote_precision(job, predictor)
     except (RecprofError, ImportError) as exc:
         job.warnings.append(f"{job.id}: no predicted gains in the findings: {exc}")
     except Exception as exc:  # an optional enrichment must never fail the analysis
         job.warnings.append(f"{job.id}: no predicted gains in the findings "
                             f"({type(exc).__name__}: {exc}); please report it")
+
+
+def _precision_findings(job: JobAnalysis) -> list[Finding]:
+    """The findings naming this framework's wire-precision knobs (its SHRINK remedy)."""
+    remedy = REMEDIES.get(job.framework, {}).get(SHRINK)
+    if remedy is None or not remedy.knobs:
+        return []
+    return [f for f in job.findings if set(remedy.knobs) & set(f.knobs)]
+
+
+def _quote_precision(job: JobAnalysis, predictor: Any) -> None:
+    """The best wire precision's predicted step, quoted on the findings that name the
+    framework's precision knobs, with what the prediction leaves out."""
+    best = _best(predictor, "qcomms", {})
+    if best is None:
+        return
+    step, value = best
+    base = predictor.target
+    knobs = " / ".join(REMEDIES[job.framework][SHRINK].knobs)
+    from recprof.whatif.scenarios import unknown_exchange_note
+
+    steps = max(len(job.steps_analysed), 1)
+    left_out = ["the quantise and dequantise kernels' cost"] + [
+        f"that {note}" for note in unknown_exchange_note(
+            predictor.base.ranks[min(predictor.base.ranks)], steps)]
+    quote = (f"the embedding exchange in {value} ({knobs}): {step / 1e3:.2f} ms "
+             f"({(step - base) / base:+.0%}), leaving out {' and '.join(left_out)}")
+    for finding in _precision_findings(job):
+        finding.estimate += (f". Predicted by recprof whatif (unprofiled step "
+                             f"{base / 1e3:.2f} ms now): {quote}")
+
+
+def _best(predictor: Any, name: str, cache: dict[tuple[str, str], float | None]
+          ) -> tuple[float, object] | None:
+    """The knob's value (other than the job's) with the shortest predicted step."""
+    best: tuple[float, object] | None = None
+    for value in KNOBS[name].default_choices(predictor.shape):
+        if value == predictor.knobs[name]:
+            continue
+        key = (name, repr(value))
+        if key not in cache:
+            cache[key] = predictor.predict({name: value}).step_us
+        step = cache[key]
+        if step is not None and (best is None or step < best[0]):
+            best = (step, value)
+    return best
 
 
 def _quote(job: JobAnalysis, predictor: Any) -> None:
@@ -55,16 +112,7 @@ def _quote(job: JobAnalysis, predictor: Any) -> None:
         for name in finding.knobs:
             if name not in KNOBS or not KNOBS[name].searched:
                 continue
-            best: tuple[float, object] | None = None
-            for value in KNOBS[name].default_choices(predictor.shape):
-                if value == predictor.knobs[name]:
-                    continue
-                key = (name, repr(value))
-                if key not in cache:
-                    cache[key] = predictor.predict({name: value}).step_us
-                step = cache[key]
-                if step is not None and (best is None or step < best[0]):
-                    best = (step, value)
+            best = _best(predictor, name, cache)
             if best is not None:
                 change = (best[0] - base) / base
                 quotes.append(f"{name}={best[1]}: {best[0] / 1e3:.2f} ms ({change:+.0%})")

@@ -3,6 +3,7 @@ printed: it mirrors the capture, tunes the mirror, and the tuning report says wh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -39,8 +40,20 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     # every time is an embedding all-to-all on the critical path of a captured DDP job: the
     # embedding rule, run on this job's own numbers with its exposure thresholds at zero,
     # yields the finding (and the command) the capture prints whenever it clears them.
-    (printed,) = embedding_finding(job, monkeypatch).commands
+    finding = embedding_finding(job, monkeypatch)
+    (printed,) = finding.commands
     assert printed.startswith(f"recprof tune --like {run} ")
+    # The finding names the job's wire precision ("embedding dtype on the wire"): the replay
+    # quotes its best value's predicted step, and what the prediction leaves out (the
+    # example's counts, ids and forward rows are all-to-alls of unknown purpose).
+    from recprof.whatif.findings import quote_predictions
+
+    quoted = dataclasses.replace(job, findings=[dataclasses.replace(finding)])
+    quote_predictions(quoted)
+    (estimate,) = [f.estimate for f in quoted.findings]
+    assert "Predicted by recprof whatif (unprofiled step " in estimate, quoted.warnings
+    assert "(embedding dtype on the wire): " in estimate and " ms (" in estimate, estimate
+    assert "the all-to-alls of unknown purpose (3 per step" in estimate, estimate
     for f in job.findings:  # whichever fired this time, as the capture wrote them
         if f.id == "exposed_embedding_comm":
             assert f.commands == [printed], f.commands
