@@ -102,6 +102,11 @@ _DDP_DENSE = Remedy(
     "bucket_cap_mb starts it earlier, gradient_as_bucket_view saves the copies, a bf16 "
     "compression hook halves the bytes, and no_sync skips it on gradient-accumulation steps.")
 
+#: Wire precisions a framework can send its embedding exchange in on a device kind, where that
+#: is not every one the replay knows: TorchRec's QComms on CPU sends FP16 and BF16 (as FP16)
+#: and fails on FP8 (shared/docs/field-notes.md, TorchRec installs).
+WIRE_PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {("torchrec", "cpu"): ("bf16", "fp16")}
+
 REMEDIES: dict[str, dict[str, Remedy]] = {
     "nestpipe": {
         OVERLAP: Remedy(("micro_batches", "dbp"),

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from recprof.analysis.frameworks import WIRE_PRECISIONS
 from recprof.capture.layout import STEADY_PROFILED_STEPS
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
@@ -312,6 +313,11 @@ class Predictor:
                     return f"qcomms must be one of {'|'.join(WIRE_BYTES)}, got {value!r}"
                 if not self._has_embedding_exchange():
                     return "qcomms: this job exchanges no embeddings (no all-to-all carries them)"
+                sendable = WIRE_PRECISIONS.get((framework, self.base.job.device_kind))
+                if sendable is not None and value not in ("fp32", *sendable):
+                    return (f"{framework} cannot send its embedding exchange in "
+                            f"{value} on {self.base.job.device_kind} (it can: "
+                            f"{', '.join(sendable)})")
         scaling = self._scaling(change)
         return scaling if isinstance(scaling, str) else None
 

@@ -31,12 +31,15 @@ def test_wire_precision_and_scaling_are_predicted_trainer_knobs_refused(
         golden_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "w.json"
     proc = _whatif(golden_run, "qcomms=fp16", "world_size=8,inter_node_gbit=100",
-                   "world_size=4", "micro_batches=2", json_out=out)
+                   "world_size=4", "micro_batches=2", "qcomms=fp8", json_out=out)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert doc["baseline"]["calibrated"]
     base = doc["baseline"]["step_us"]
-    fp16, scaled, unnamed, trainer = doc["scenarios"]
+    fp16, scaled, unnamed, trainer, fp8 = doc["scenarios"]
+    # TorchRec's QComms fails on FP8 on CPU (field notes): refused, not predicted as advice
+    assert fp8["refused"] == ("torchrec cannot send its embedding exchange in fp8 on cpu (it "
+                              "can: bf16, fp16)"), fp8
     # half the bytes of the pooled embeddings and their gradients: a shorter step, by no more
     # than the embedding exchange's exposed time
     assert fp16["step_us"] < base
@@ -56,3 +59,28 @@ def test_wire_precision_and_scaling_are_predicted_trainer_knobs_refused(
     assert any("replicated" in a for a in scaled["assumptions"])
     assert "give inter_node_gbit" in unnamed["refused"]
     assert "micro_batches: for this torchrec job the replay predicts only" in trainer["refused"]
+
+
+def test_the_exposed_all_to_all_finding_quotes_a_precision_torchrec_can_send(
+        golden_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exposed all-to-all finding names QCommsConfig: it quotes the replay's best wire
+    precision beside its bound, among those TorchRec's QComms sends on CPU (not fp8, which
+    fails there). The finding is the rule's on this capture's numbers with its thresholds at
+    zero (whether it clears them is the capture's timing)."""
+    import dataclasses
+
+    from any_exposure import embedding_finding
+
+    from recprof.analysis import analyze_paths
+    from recprof.whatif.findings import quote_predictions
+
+    (job,) = analyze_paths([golden_run]).jobs
+    finding = embedding_finding(job, monkeypatch)
+    assert "QCommsConfig.forward_precision" in finding.knobs
+    quoted = dataclasses.replace(job, findings=[finding])
+    quote_predictions(quoted)
+    (estimate,) = [f.estimate for f in quoted.findings]
+    assert "Predicted by recprof whatif (unprofiled step " in estimate, quoted.warnings
+    quote = estimate.split("Predicted by recprof whatif", 1)[1]
+    assert ("the embedding exchange in fp16 (QCommsConfig" in quote
+            or "the embedding exchange in bf16 (QCommsConfig" in quote), quote
