@@ -69,14 +69,14 @@ def _precision_findings(job: JobAnalysis) -> list[Finding]:
 def _quote_precision(job: JobAnalysis, predictor: Any) -> None:
     """The best wire precision's predicted step, quoted on the findings that name the
     framework's precision knobs, with what the prediction leaves out."""
+    from recprof.whatif.scenarios import unknown_exchange_note
+
     best = _best(predictor, "qcomms", {})
     if best is None:
         return
     step, value = best
     base = predictor.target
     knobs = " / ".join(REMEDIES[job.framework][SHRINK].knobs)
-    from recprof.whatif.scenarios import unknown_exchange_note
-
     steps = max(len(job.steps_analysed), 1)
     left_out = ["the quantise and dequantise kernels' cost"] + [
         f"that {note}" for note in unknown_exchange_note(
