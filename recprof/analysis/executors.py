@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -248,9 +247,13 @@ def import_distributed() -> Any:
 
 
 def default_executor(n_files: int, total_bytes: int) -> Executor:
-    """What `analyze_paths` uses when given none: a local pool over the cores once the files
-    are worth it (PARALLEL_FROM_BYTES), else this process."""
-    workers = min(os.cpu_count() or 1, n_files)
+    """What `analyze_paths` uses when given none: a local pool over the cores this process may
+    run on (its affinity mask: a container or `taskset` limited to 2 of a host's 64 cores
+    would otherwise start 64 workers on 2) once the files are worth it (PARALLEL_FROM_BYTES),
+    else this process."""
+    from recprof.capture.rank_meta import usable_cores
+
+    workers = min(usable_cores(), n_files)
     if workers > 1 and total_bytes >= PARALLEL_FROM_BYTES:
         return LocalPool(workers)
     return InProcess()

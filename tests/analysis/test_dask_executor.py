@@ -226,3 +226,21 @@ def test_workers_without_recprof_are_named_not_waited_on(shared_traces: Path,
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert f"{worker} cannot import recprof" in line and DASK_INSTALL_HINT in line, line
+
+
+def test_the_default_pool_counts_the_cores_this_process_may_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process pinned to 2 of a host's 64 cores (a container, `taskset`) gets 2 workers,
+    not 64; pinned to one core, it analyses in process."""
+    import os
+
+    from recprof.analysis import executors
+
+    many = 64
+    monkeypatch.setattr(os, "cpu_count", lambda: many)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    pool = executors.default_executor(many, executors.PARALLEL_FROM_BYTES)
+    assert isinstance(pool, executors.LocalPool) and pool.workers == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert isinstance(executors.default_executor(many, executors.PARALLEL_FROM_BYTES),
+                      executors.InProcess)
