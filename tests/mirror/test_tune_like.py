@@ -43,17 +43,24 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     finding = embedding_finding(job, monkeypatch)
     (printed,) = finding.commands
     assert printed.startswith(f"recprof tune --like {run} ")
-    # The finding names the job's wire precision ("embedding dtype on the wire"): the replay
-    # quotes its best value's predicted step, and what the prediction leaves out (the
-    # example's counts, ids and forward rows are all-to-alls of unknown purpose).
+    # The finding names the job's wire precision ("embedding dtype on the wire"), but the
+    # example's counts, ids and forward rows are all-to-alls of unknown purpose, which a
+    # precision's replay leaves at their size: no quote (it would price the backward alone),
+    # no warning; the bound stays alone. `recprof whatif` says what it leaves out.
     from recprof.whatif.findings import quote_predictions
 
-    quoted = dataclasses.replace(job, findings=[dataclasses.replace(finding)])
+    assert "embedding dtype on the wire" in finding.knobs
+    warned = list(job.warnings)
+    quoted = dataclasses.replace(job, findings=[dataclasses.replace(finding)],
+                                 warnings=list(warned))
     quote_predictions(quoted)
     (estimate,) = [f.estimate for f in quoted.findings]
-    assert "Predicted by recprof whatif (unprofiled step " in estimate, quoted.warnings
-    assert "(embedding dtype on the wire): " in estimate and " ms (" in estimate, estimate
-    assert "the all-to-alls of unknown purpose (3 per step" in estimate, estimate
+    assert estimate == finding.estimate and quoted.warnings == warned, quoted.warnings
+    whatif = subprocess.run([sys.executable, "-m", "recprof", "whatif", str(run), "--try",
+                             "qcomms=fp16"], capture_output=True, text=True, timeout=300,
+                            cwd=REPO, env={**ENV, "COLUMNS": "400"})
+    assert whatif.returncode == 0, whatif.stderr
+    assert "the all-to-alls of unknown purpose (3 per step" in whatif.stdout, whatif.stdout
     for f in job.findings:  # whichever fired this time, as the capture wrote them
         if f.id == "exposed_embedding_comm":
             assert f.commands == [printed], f.commands
