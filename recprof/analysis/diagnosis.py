@@ -700,7 +700,7 @@ def job_facts(job: JobAnalysis) -> JobFacts:
                                              + c.exposed_us_per_step)
     skew = job.skew
     return JobFacts(
-        job_id=job.id, world_size=job.world_size or len(job.ranks), backend=job.backend or "",
+        job_id=job.id, world_size=job.world, backend=job.backend or "",
         device_kind=job.device_kind, ranks=ranks, collectives=collectives,
         straggler_rank=skew.straggler_rank,
         straggler_cost_us_per_step=skew.straggler_cost_us_per_step,

@@ -398,6 +398,11 @@ class JobAnalysis:
     #: kind (the collectives rows split a kind by group and purpose).
     exposed_comm_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def world(self) -> int:
+        """Ranks in the job: its world size, else (traces that do not say) the ranks present."""
+        return self.world_size or len(self.ranks)
+
 
 @dataclass
 class AnalysisResult:

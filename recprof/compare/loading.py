@@ -55,7 +55,7 @@ class Run:
 
     @property
     def world_size(self) -> int:
-        return self.job.world_size or len(self.job.ranks)
+        return self.job.world
 
     def traced_steps_us(self) -> list[float]:
         """Job time of each profiled step (us): per step number, the mean over the ranks that

@@ -34,7 +34,7 @@ def derive_with_status(job: JobAnalysis, console: Console) -> Mirror:
     """`derive(job)` under a status line: fitting the key skew routes the job's batches over
     all its ranks (seconds at 128 ranks)."""
     with console.status(f"deriving the config of job {escape(job.id)} (fitting the key skew "
-                        f"over its {job.world_size or len(job.ranks)} ranks)"):
+                        f"over its {job.world} ranks)"):
         return derive(job)
 
 
@@ -62,7 +62,7 @@ def calibrate_mirror(job: JobAnalysis, mirror: Mirror, calibrate_runs: int,
         return
     if not calibrate_runs:
         return
-    world = job.world_size or len(job.ranks)
+    world = job.world
     workdir = Path(tempfile.mkdtemp(prefix="recprof-mirror-"))
 
     def said(attempt: Try) -> None:

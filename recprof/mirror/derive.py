@@ -124,7 +124,7 @@ def footprint(job: JobAnalysis, shapes: list[RankShape]) -> JobFootprint:
 
 def derive(job: JobAnalysis) -> Mirror:
     """The trainer config that mirrors `job`; raises RecprofError naming what is missing."""
-    world = job.world_size or len(job.ranks)
+    world = job.world
     if world < 2:
         what = ("one rank's trace that does not say the job's world size (no distributedInfo), "
                 "so no embedding exchange is known" if job.world_size is None else
@@ -146,7 +146,8 @@ def derive(job: JobAnalysis) -> Mirror:
         raise RecprofError(f"job {job.id}: the trace records no aten::linear input shapes, so "
                            "the batch and dense widths are unknown; capture with shapes "
                            "(recprof capture records them) or set them by hand")
-    mirror = Mirror(job.id, world, dict(TrainConfig().to_dict()))
+    mirror = mirror_layout(job)
+    mirror.values.update(TrainConfig().to_dict())
     for key in ("steps", "warmup_steps", "vocab_size", "zipf_alpha", "num_tables",
                 "num_embeddings", "sharding", "dense_optimizer"):
         mirror.defaults[key] = f"{mirror.values[key]!r} (the trace does not show it)"
@@ -154,7 +155,6 @@ def derive(job: JobAnalysis) -> Mirror:
     _derive_runtime(mirror, shapes)
     mirror.footprint = footprint(job, shapes)
     _fit_key_skew(mirror, world)
-    mirror.ranks_per_node = ranks_per_node(job, world)
     if mirror.ranks_per_node is not None:
         nodes = world // mirror.ranks_per_node
         mirror.notes.append(f"world size {world} on {nodes} node(s) of {mirror.ranks_per_node} "
@@ -171,8 +171,7 @@ def derive(job: JobAnalysis) -> Mirror:
 def mirror_layout(job: JobAnalysis) -> Mirror:
     """The job's id, world size and ranks per node: what `mirror_launch` reads, without
     deriving the config (a resumed `tune --like` reuses the one it saved)."""
-    world = job.world_size or len(job.ranks)
-    return Mirror(job.id, world, {}, ranks_per_node=ranks_per_node(job, world))
+    return Mirror(job.id, job.world, {}, ranks_per_node=ranks_per_node(job))
 
 
 def mirror_launch(mirror: Mirror, nproc_per_node: int | None, nnodes: int,
@@ -208,13 +207,13 @@ def mirror_launch(mirror: Mirror, nproc_per_node: int | None, nnodes: int,
     return nproc_per_node
 
 
-def ranks_per_node(job: JobAnalysis, world: int) -> int | None:
+def ranks_per_node(job: JobAnalysis) -> int | None:
     """Ranks per node of the captured job, when every rank was captured with its host and the
     hosts hold equal shares; None otherwise."""
     hosts = Counter(r.host for r in job.ranks)
-    if len(job.ranks) != world or None in hosts or len(set(hosts.values())) != 1:
+    if len(job.ranks) != job.world or None in hosts or len(set(hosts.values())) != 1:
         return None
-    return world // len(hosts)
+    return job.world // len(hosts)
 
 
 def _fit_key_skew(mirror: Mirror, world: int) -> None:

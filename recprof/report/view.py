@@ -46,7 +46,7 @@ def _anchor(job_id: str, index: int) -> str:
 
 def job_shape(job: JobAnalysis) -> str:
     """Ranks, backend, device and steps covered, in one line."""
-    world = job.world_size or len(job.ranks)
+    world = job.world
     parts = [f"{len(job.ranks)} of {world} ranks analysed" if len(job.ranks) != world
              else f"{world} rank{'s' if world != 1 else ''}"]
     if job.ranks_missing:

@@ -24,6 +24,7 @@ from recprof.analysis.frameworks import REMEDIES, SHRINK
 from recprof.analysis.model import AnalysisResult, Finding, JobAnalysis
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS
+from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
 
 def quote_all(result: AnalysisResult) -> None:
@@ -41,7 +42,8 @@ def quote_predictions(job: JobAnalysis) -> None:
     is a warning on the job: the analysis never fails for want of one."""
     if job.run is None or not any(f.knobs for f in job.findings):
         return
-    if job.framework != "nestpipe" and not _precision_findings(job):
+    precision = [] if job.framework == "nestpipe" else _precision_findings(job)
+    if job.framework != "nestpipe" and not precision:
         return
     try:
         from recprof.whatif.baseline import measure
@@ -51,7 +53,7 @@ def quote_predictions(job: JobAnalysis) -> None:
         if job.framework == "nestpipe":
             _quote(job, predictor)
         else:
-            _quote_precision(job, predictor)
+            _quote_precision(job, predictor, precision)
     except (RecprofError, ImportError) as exc:
         job.warnings.append(f"{job.id}: no predicted gains in the findings: {exc}")
     except Exception as exc:  # an optional enrichment must never fail the analysis
@@ -60,24 +62,21 @@ def quote_predictions(job: JobAnalysis) -> None:
 
 
 def _precision_findings(job: JobAnalysis) -> list[Finding]:
-    """The findings naming this framework's wire-precision knobs (its SHRINK remedy)."""
+    """The findings naming this framework's wire-precision knobs (its SHRINK remedy); none
+    where some all-to-all's purpose is unknown. The replay scales only the exchanges it
+    recognises, and a hand-written job's forward rows are often among the unknown (the DDP
+    example: 3.6 of its 5.9 ms exposed, so its fp8 quote of -1% sat under a bound of 2.4 ms
+    for 16 bits); the bound stays alone there, and `recprof whatif` says what it leaves out."""
     remedy = REMEDIES.get(job.framework, {}).get(SHRINK)
-    if remedy is None or not remedy.knobs:
+    if remedy is None or not remedy.knobs or any(
+            c.kind == "all_to_all" and c.purpose == UNKNOWN_PURPOSE for c in job.collectives):
         return []
     return [f for f in job.findings if set(remedy.knobs) & set(f.knobs)]
 
 
-def _quote_precision(job: JobAnalysis, predictor: Any) -> None:
-    """The best wire precision's predicted step, quoted on the findings that name the
-    framework's precision knobs. Not where some all-to-alls' purpose is unknown: the replay
-    scales only the exchanges it recognises, and a hand-written job's forward rows are often
-    among the unknown (the DDP example: 3.6 of its 5.9 ms exposed, so its fp8 quote of -1%
-    sat under a bound of 2.4 ms for 16 bits); the bound stays alone there."""
-    from recprof.whatif.scenarios import unknown_exchange_note
-
-    rank = predictor.base.ranks[min(predictor.base.ranks)]
-    if unknown_exchange_note(rank, max(len(job.steps_analysed), 1)):
-        return
+def _quote_precision(job: JobAnalysis, predictor: Any, findings: list[Finding]) -> None:
+    """The best wire precision's predicted step, quoted on `findings` (those that name the
+    framework's precision knobs)."""
     best = _best(predictor, "qcomms", {})
     if best is None:
         return
@@ -87,7 +86,7 @@ def _quote_precision(job: JobAnalysis, predictor: Any) -> None:
     quote = (f"the embedding exchange in {value} ({knobs}): {step / 1e3:.2f} ms "
              f"({(step - base) / base:+.0%}), leaving out the quantise and dequantise "
              "kernels' cost")
-    for finding in _precision_findings(job):
+    for finding in findings:
         finding.estimate += (f". Predicted by recprof whatif (unprofiled step "
                              f"{base / 1e3:.2f} ms now): {quote}")
 
