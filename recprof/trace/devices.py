@@ -1,0 +1,42 @@
+"""What each kind of device is called and what its traces mean: the one home for device facts.
+
+The analysis works on one trace model whatever ran the job (`DeviceKind` is one field of it);
+what differs between a GPU, an Ascend NPU and a CPU-only (gloo) run is how the report must name
+things and which facts hold for it. They are declared here, once per kind, and read everywhere:
+no `if cuda` branches through the analysis or the report. A new kind of device is a new entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recprof.trace.model import DeviceKind
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """The words and facts of one kind of device."""
+
+    #: What the report calls one device ("GPU", "NPU"); on CPU runs, the thread that computes.
+    device: str
+    #: The collective library its traces show ("NCCL", "HCCL", "gloo").
+    collectives: str
+    #: The unit that runs compute kernels, where it has a name users know ("SM", "AI Core").
+    compute_unit: str | None
+    #: Whether work is launched by the host and may sit queued on the device before it runs
+    #: (accelerators), so an idle gap splits at the launch; a CPU run's "device" is the thread
+    #: itself and nothing queues.
+    queues_work: bool
+
+
+_FACTS: dict[DeviceKind, DeviceFacts] = {
+    DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True),
+    DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True),
+    DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True),
+    DeviceKind.CPU: DeviceFacts("main thread", "gloo", None, queues_work=False),
+}
+
+
+def facts(kind: DeviceKind | str) -> DeviceFacts:
+    """The facts of a device kind (given as the enum or its string value)."""
+    return _FACTS[DeviceKind(kind)]
