@@ -218,7 +218,8 @@ def _print_findings(job: JobAnalysis, console: Console) -> None:
     console.print(f"  [bold]verdict:[/] {escape(job.verdict)}", highlight=False)
     for i, f in enumerate(job.findings, start=1):
         gain = (f"up to {units.duration(f.recoverable_us_per_step)} per step "
-                f"({100 * f.recoverable_fraction:.0f}% of the step)")
+                f"({100 * f.recoverable_fraction:.0f}% of the step)"
+                if f.recoverable_us_per_step > 0 else "not a cost in time")
         if i > MAX_FINDINGS_SHOWN:
             console.print(f"  {i}. [{f.severity}] {escape(f.title)}: {gain}", highlight=False)
             continue

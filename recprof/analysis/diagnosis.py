@@ -41,7 +41,7 @@ from recprof.analysis.frameworks import (
     nestpipe_config,
     remedy,
 )
-from recprof.analysis.model import CollectiveStats, Finding
+from recprof.analysis.model import CollectiveStats, Finding, IssueOrder
 from recprof.nestpipe.knobs import searched_by_default
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
@@ -169,6 +169,8 @@ class JobFacts:
     #: exchanges embeddings by all-to-all: together, whether `recprof tune --like` applies.
     run_dir: str | None = None
     has_embedding_exchange: bool = False
+    #: The ranks' cross-group order of collectives (analysis/issue_order.py), when known.
+    issue_order: IssueOrder | None = None
 
     @property
     def step_us(self) -> float:
@@ -559,6 +561,58 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     )
 
 
+def rule_collective_order(facts: JobFacts) -> Finding | None:
+    """Collectives of several process groups issued in an order that differs across ranks, or
+    left to thread scheduling: a hang on NCCL, not a cost in time.
+
+    An order that differs is high severity whatever the backend (gloo survives it, the same
+    program on NCCL does not); groups issued from different threads whose orders agreed in
+    this run are medium: nothing stops them from differing in the next.
+    """
+    order = facts.issue_order
+    if order is None or not (order.divergences or order.concurrent):
+        return None
+    advice = ("Issue every collective from one thread, in the same program order on every "
+              "rank: overlap communication with asynchronous work handles (async_op=True, "
+              "waited where the result is needed) and side streams instead of a second thread, "
+              "as TorchRec's TrainPipelineSparseDist does; or carry both kinds of traffic on "
+              "one process group.")
+    threads = "; ".join(f"group {g}: {', '.join(t)}" for g, t in order.threads.items())
+    source = ("capture's issue log (every collective from the start)" if order.source == "capture"
+              else "the traces (collectives whose group they name, step by step)"
+              if order.source == "trace" else "capture's issue logs and the traces")
+    evidence = [f"issuing threads, {threads}",
+                f"{order.compared} collectives compared across ranks, read from {source}"]
+    if order.note:
+        evidence.append(order.note)
+    if order.divergences:
+        first = order.divergences[0]
+        g, h = first.groups
+        evidence = [f"rank {d.ranks[0]} issued {d.first} before {d.second}; rank {d.ranks[1]} "
+                    f"issued {d.second} first" for d in order.divergences] + evidence
+        title = "Collectives of two process groups issued in opposite orders on different ranks"
+        headline = (f"ranks {first.ranks[0]} and {first.ranks[1]} issue collectives of process "
+                    f"groups {g} and {h} in opposite orders, which can hang the job on NCCL")
+        severity = "high"
+        estimate = ("a hang, not a cost in time: each NCCL collective waits for every member "
+                    "of its group, so two ranks that each wait in the other group's collective "
+                    "first wait forever (gloo runs each group on its own threads and finishes)")
+    else:
+        g, h = order.concurrent[0]
+        pairs = ", ".join(f"{a} and {b}" for a, b in order.concurrent)
+        evidence.insert(0, f"groups issued from more than one thread on a rank: {pairs}; "
+                           "in this run the ranks' orders agreed")
+        title = "Collectives of two process groups issued from different threads"
+        headline = (f"process groups {g} and {h} are issued from different host threads, so "
+                    "their order on each rank is the scheduler's choice: a hang risk on NCCL")
+        severity = "medium"
+        estimate = ("a hang risk, not a cost in time: the day two ranks' threads interleave "
+                    "differently, each can wait in a collective its peer issues later")
+    return Finding(id="collective_order", title=title, headline=headline, severity=severity,
+                   recoverable_us_per_step=0.0, recoverable_fraction=0.0, evidence=evidence,
+                   estimate=estimate, advice=advice)
+
+
 #: Every rule, in no particular order: findings are ranked by recoverable time.
 RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_embedding_comm,
@@ -567,6 +621,7 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_small_messages,
     rule_exposed_h2d,
     rule_host_idle,
+    rule_collective_order,
 )
 
 
@@ -598,6 +653,10 @@ def verdict(job: JobAnalysis, found: list[Finding]) -> str:
     straggler = next((f for f in found[1:] if f.id == "straggler"), None)
     if straggler is not None and straggler.severity != "low":
         text += f"; {straggler.headline}"
+    hang = next((f for f in found[1:] if f.id == "collective_order" and f.severity == "high"),
+                None)
+    if hang is not None:  # ranked by time it comes last, yet it can stop the job
+        text += f"; {hang.headline}"
     return text + "."
 
 
@@ -716,4 +775,5 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
         run_dir=job.run.run_dir if job.run else None,
         has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
+        issue_order=job.issue_order,
     )

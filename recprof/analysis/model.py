@@ -297,6 +297,38 @@ class SkewAnalysis:
 
 
 @dataclass
+class IssueDivergence:
+    """Two collectives of two process groups that two ranks issued in opposite orders."""
+
+    groups: list[str]  # the two process groups
+    ranks: list[int]  # [r, s]: rank r issued `first` before `second`, rank s after
+    first: str  # e.g. "group 1 all_to_all_single #73"
+    second: str
+
+
+@dataclass
+class IssueOrder:
+    """The order each rank issued its collectives in, across process groups, compared over the
+    ranks that share the groups (analysis/issue_order.py).
+
+    `source` says where each rank's order came from: "capture" (the issue log capture writes:
+    every collective from the start, numbered per group, with its thread's name), "trace"
+    (collectives whose group the trace names, ordered by host launch time, compared step by
+    step) or "capture+trace" when the ranks differ.
+    """
+
+    source: str
+    groups: dict[str, list[int]]  # members of every group seen
+    threads: dict[str, list[str]]  # group -> host threads that issued it, on any rank
+    compared: int  # collectives compared across ranks, summed over pairs of groups
+    divergences: list[IssueDivergence] = field(default_factory=list)
+    #: Pairs of groups that share at least two ranks and that one rank issues from different
+    #: threads: their relative order is the scheduler's choice, whatever this run showed.
+    concurrent: list[list[str]] = field(default_factory=list)
+    note: str = ""  # what could not be compared, and why
+
+
+@dataclass
 class Finding:
     """One diagnosed bottleneck: what it costs, the evidence, and what to change.
 
@@ -397,6 +429,9 @@ class JobAnalysis:
     #: Exposed communication per collective kind, per step, mean over ranks: one union per
     #: kind (the collectives rows split a kind by group and purpose).
     exposed_comm_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
+    #: Cross-group order of collectives (None: the job uses fewer than two groups, or no
+    #: source names them).
+    issue_order: IssueOrder | None = None
 
     @property
     def world(self) -> int:

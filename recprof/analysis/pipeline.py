@@ -26,6 +26,7 @@ from recprof.analysis.collectives import (
 from recprof.analysis.executors import Executor, WorkerLost, default_executor
 from recprof.analysis.frameworks import detect
 from recprof.analysis.idle import idle_gaps
+from recprof.analysis.issue_order import RankIssues, job_issue_order, rank_issues
 from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
 from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis
 from recprof.analysis.run_context import read_run_context
@@ -57,6 +58,7 @@ class RankOutcome:
     analysis: RankAnalysis
     records: CollectiveRecords
     framework_marks: dict[str, int]
+    issues: RankIssues | None = None
 
 
 def discover(paths: Sequence[Path]) -> list[Path]:
@@ -113,7 +115,7 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
     _shift_to_absolute(analysis, trace.header.origin_us)
     return RankOutcome(trace.header, analysis,
                        collective_records(trace, unions, windows, attribution.purpose),
-                       trace.framework_marks)
+                       trace.framework_marks, rank_issues(trace, path))
 
 
 def _shift_to_absolute(analysis: RankAnalysis, origin_us: float) -> None:
@@ -251,6 +253,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
             peer_bytes=peer_bytes(records, {r.rank: len(r.steps) for r in analyses},
                                   MAX_PEER_MATRIX_RANKS),
             exposed_comm_us_per_step_by_kind=_exposed_by_kind(records, analyses),
+            issue_order=job_issue_order({ranks[i]: outcomes[i].issues for i in members}),
         ))
         _keep_chosen_timelines(job, steps, executor)
         jobs.append(job)

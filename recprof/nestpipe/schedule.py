@@ -79,6 +79,7 @@ class DualBuffer:
         """Train the prepared batch and, unless this is the `last` step, prepare the next."""
         current, upcoming = self.upcoming, None
         assert current is not None, "step() after the last step"
+        self.streams.step_started()
 
         def prefetch() -> None:
             nonlocal upcoming

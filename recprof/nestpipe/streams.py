@@ -12,10 +12,12 @@ the compute stream instead of in line with it. Two things then order the streams
   is marked as used there (`record_stream`), so its memory is not handed to new copy-stream
   work while the compute stream may still read it.
 
-The copy stream never waits for the compute stream: what it reads that compute writes (the
-embedding weights, read by the prefetch's row gather while the update may write them) is
-either unchanged by the update or one of the rows the dual-buffer refresh sends again after
-it (recprof/nestpipe/embedding.py, `refresh`).
+The copy stream waits for the compute stream only up to the start of the current step
+(`step_started`): the previous step's update and refresh are then on the device before the
+prefetch gathers rows. What it reads that this step's compute writes (the embedding weights,
+gathered for batch t+1 while batch t's update may write them) is either unchanged by that
+update or one of the rows the dual-buffer refresh sends again after it
+(recprof/nestpipe/embedding.py, `refresh`).
 
 Where work is not queued (CPU) the same calls run the same code with no streams: everything
 is in program order already.
@@ -43,13 +45,23 @@ class Streams:
         self.queues_work = device.type == "cuda"
         self._compute = torch.cuda.current_stream(device) if self.queues_work else None
         self._copy = torch.cuda.Stream(device) if self.queues_work else None
+        self._step_start: torch.cuda.Event | None = None
+
+    def step_started(self) -> None:
+        """Mark the end of the work the compute stream holds now (the previous steps)."""
+        if self._compute is not None:
+            self._step_start = torch.cuda.Event()
+            self._step_start.record(self._compute)
 
     @contextlib.contextmanager
     def copy(self) -> Iterator[None]:
-        """Issue the enclosed work (and the collectives it starts) on the copy stream."""
+        """Issue the enclosed work (and the collectives it starts) on the copy stream, after
+        the compute stream's work up to the last `step_started`."""
         if self._copy is None:
             yield
             return
+        if self._step_start is not None:
+            self._copy.wait_event(self._step_start)
         with torch.cuda.stream(self._copy):
             yield
 

@@ -13,16 +13,21 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 - exposed H2D: `trace_diff/control` (~3%) fires; Megatron (~0%) does not.
 - host idle: the 2021 ResNet50 `num_workers_0` trace fires as data loading, TorchRec
   `sst_long_a2a_optimizer_4` as launch-bound; TraceLens `h100` (3% launch-bound idle) does not.
+- collective order: the built-in trainer's old DBP captured on an H100 (../shared/gpu
+  `timesliced_fwp_dbp`: two process groups from two threads) fires; Megatron (one thread) does
+  not. The opposite-order case is a real gloo job under capture (tests/analysis/
+  test_issue_order.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from recprof.analysis import AnalysisResult
+from recprof.analysis import AnalysisResult, analyze_paths
 from recprof.analysis.diagnosis import (
     RULES,
     Finding,
@@ -30,6 +35,7 @@ from recprof.analysis.diagnosis import (
     diagnose,
     diagnose_facts,
     job_facts,
+    rule_collective_order,
     rule_exposed_dense_comm,
     rule_exposed_embedding_comm,
     rule_exposed_h2d,
@@ -134,6 +140,20 @@ def test_host_idle(facts_of: Callable[[str], JobFacts]) -> None:
     assert "DataLoader num_workers" in both.knobs
 
 
+def test_collective_order(facts_of: Callable[[str], JobFacts], shared_traces: Path) -> None:
+    gpu = shared_traces.parent / "gpu"
+    nodes = [gpu / "timesliced_fwp_dbp" / f"node{k}" for k in (0, 1)]
+    if not all(n.is_dir() for n in nodes):
+        pytest.skip(f"GPU captures not found under {gpu}")
+    (job,) = analyze_paths(nodes).jobs
+    facts = job_facts(job)
+    f = rule_collective_order(facts)
+    assert f is not None and f.severity == "medium"
+    assert f.recoverable_us_per_step == 0  # a hang risk is not a cost in time
+    assert "process groups 0 and 1" in f.headline and not f.knobs
+    assert rule_collective_order(facts_of("megatron")) is None
+
+
 def test_nothing_wrong(facts_of: Callable[[str], JobFacts]) -> None:
     assert diagnose_facts(facts_of(H100)) == []
 
@@ -151,5 +171,5 @@ def test_findings_ranked_by_recoverable_time(
 def test_every_rule_is_exercised_above() -> None:
     # A new rule must get its own occurs / does-not-occur test in this module.
     tested = {rule_exposed_embedding_comm, rule_exposed_dense_comm, rule_straggler,
-              rule_small_messages, rule_exposed_h2d, rule_host_idle}
+              rule_small_messages, rule_exposed_h2d, rule_host_idle, rule_collective_order}
     assert set(RULES) == tested
