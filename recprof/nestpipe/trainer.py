@@ -266,6 +266,7 @@ def train(
             record = {"step": step, "samples": cfg.batch_size, "wall_s": walls[-1],
                       "data_wait_s": waits[-1], "loss": loss}
             metrics_fh.write(json.dumps(record) + "\n")
+            metrics_fh.flush()  # the tuner's watchdog reads progress from it (tuner/runner.py)
     if metrics_fh is not None:
         metrics_fh.close()
     bytes_per_step = _bytes_per_step(trainer, cfg.steps)
