@@ -156,15 +156,17 @@ class SyntheticSource:
         ranks = np.arange(1, v + 1, dtype=np.float64)
         weights = ranks ** (-cfg.zipf_alpha)
         cdf = np.cumsum(weights) / weights.sum()
-        # quantile[b]: the first 0-based popularity rank whose cdf exceeds b / 2**bits; a draw
-        # in bucket b lands on a rank in [quantile[b], quantile[b + 1]].
+        # Row b of the quantile table: the first 0-based popularity rank whose cdf exceeds
+        # b / 2**bits and the one for b + 1; a draw in bucket b lands on a rank between them
+        # (one gather reads both).
         edges = np.arange((1 << _QUANTILE_BITS) + 1, dtype=np.float64) / (1 << _QUANTILE_BITS)
         quantile = np.minimum(np.searchsorted(cdf, edges, side="right"), v - 1)
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, _SALT]))
         perm = np.stack([rng.permutation(v) for _ in range(nf)])
         scores = rng.normal(0.0, cfg.signal_scale, (nf, v))
         dense_w = rng.normal(0.0, 0.5 / np.sqrt(cfg.num_dense), cfg.num_dense)
-        self.quantile = torch.from_numpy(quantile.astype(np.int64)).to(self.device)
+        self.quantile = torch.from_numpy(np.stack([quantile[:-1], quantile[1:]], axis=1)
+                                         .astype(np.int32)).to(self.device)
         self.perm = torch.from_numpy(perm.reshape(-1).astype(np.int64)).to(self.device)
         self.scores = torch.from_numpy(scores.reshape(-1)).to(self.device)
         self.dense_w = dense_w.tolist()  # Python floats: each weighs one dense column
@@ -201,22 +203,25 @@ class SyntheticSource:
         lengths = 1 + ((_bits(feature * size + sample, k_length) * bag) >> 32)  # (nf, n)
         flat = lengths.reshape(-1)
         total = int(flat.sum())
-        bag_of = torch.repeat_interleave(torch.arange(nf * n, device=dev), flat,
-                                         output_size=total)
-        slot = torch.arange(total, device=dev) - (torch.cumsum(flat, 0) - flat).index_select(
-            0, bag_of)
-        f_of = bag_of // n
-        h = _bits((f_of * size + lo + bag_of % n) * bag + slot, k_id)
-        bucket = h >> _INSIDE_BITS
-        first = self.quantile.index_select(0, bucket)
-        last = self.quantile.index_select(0, bucket + 1)
-        rank = first + (((h & ((1 << _INSIDE_BITS) - 1)) * (last - first + 1)) >> _INSIDE_BITS)
-        at = f_of * cfg.vocab_size + rank
+        # Per id (feature-major, bag by bag): a per-bag value repeated over the bag's slots,
+        # plus the slot; bag b is (feature b // n, sample lo + b % n).
+        bags, pos = torch.arange(nf * n, device=dev), torch.arange(total, device=dev)
+        starts = torch.cumsum(flat, 0) - flat
+
+        def per_slot(per_bag: torch.Tensor) -> torch.Tensor:
+            return torch.repeat_interleave(per_bag - starts, flat, output_size=total) + pos
+
+        f_of = bags // n
+        h = _bits(per_slot((f_of * (size - n) + lo + bags) * bag), k_id)
+        inside = h & ((1 << _INSIDE_BITS) - 1)
+        first, last = self.quantile.index_select(0, h >> _INSIDE_BITS).long().unbind(1)
+        at = first + ((inside * (last - first + 1)) >> _INSIDE_BITS)
+        at += torch.repeat_interleave(f_of * cfg.vocab_size, flat, output_size=total)
         # Label: each bag's mean score, summed slot by slot and feature by feature in a fixed
         # order; p = 1/2 + z / (2 sqrt(1 + z^2)) with z = logit / 2 has the logistic's slope
         # at 0 and needs only IEEE-exact operations.
         grid = torch.zeros(nf * n, bag, dtype=torch.float64, device=dev)
-        grid.view(-1)[bag_of * bag + slot] = self.scores.index_select(0, at)
+        grid.view(-1)[per_slot(bags * bag)] = self.scores.index_select(0, at)
         sums = grid[:, 0].clone()
         for s in range(1, bag):
             sums += grid[:, s]

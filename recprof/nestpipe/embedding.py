@@ -234,7 +234,7 @@ class ShardedEmbeddings:
             slots, first, last = _unpack(packed)
             recv_slots, recv_first, recv_last = _unpack(torch.cat(pieces[i]))
             owner = torch.repeat_interleave(shards, counts, output_size=slots.shape[0])
-            peer = torch.repeat_interleave(shards, recv.view(size, -1)[:, i],
+            peer = torch.repeat_interleave(shards, recv.view(size, -1)[:, i].contiguous(),
                                            output_size=recv_slots.shape[0])
             if previous is not None:
                 before = previous.exchanges[i]

@@ -2,7 +2,7 @@
 
 One step, every stage under a stable `record_function` label (docs/nestpipe.md):
 
-    nestpipe:data_wait           next batch from the DataLoader (workers, pinned memory)
+    nestpipe:data_wait           next batch (generated on the GPU, or from the DataLoader)
     nestpipe:h2d                 its host-to-device copy (non-blocking; a no-op on CPU)
     nestpipe:key_routing         micro-batch split/clustering, dedup, owners, slot all-to-alls
     nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-alls started (async)
@@ -21,9 +21,10 @@ One step, every stage under a stable `record_function` label (docs/nestpipe.md):
     nestpipe:dbp_refresh         DBP only: rows of the prefetched next batch that this update
                                  changed are sent (dual-buffer synchronisation)
 
-With DBP the next batch is loaded, routed and its fetch started on a prefetch thread (with
-its own process group) while this batch computes, so `data_wait`/`key_routing`/
-`embedding_a2a_fwd` of step t+1 run inside step t, on that thread.
+The schedules (schedule.py) decide the order: with DBP the next batch is loaded, routed and
+its fetch started (its own process group, a copy stream on GPUs) inside step t, so
+`data_wait`/`key_routing`/`embedding_a2a_fwd` of step t+1 run inside step t; one thread issues
+every collective, in the same order on every rank.
 
 Losses are sums over the local samples divided by the *global* batch size, so summing
 gradients over ranks (and micro-batches) gives exactly the global-batch gradient of a single

@@ -133,20 +133,19 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
 
 
 def test_work_on_helper_threads_is_recorded(tmp_path: Path) -> None:
-    """DBP routes and prefetches the next batch on a helper thread: its ops and collectives
-    must be in the trace, or its communication would be missing from the analysis."""
+    """A job that prepares its next batch on a helper thread (a prefetching input pipeline):
+    that thread's ops must be in the trace, or its work would be missing from the analysis."""
     out = tmp_path / "run"
-    job = [*TORCHRUN, "2", "-m", "recprof.nestpipe", "--config", str(TINY_CONFIG),
-           "--set", "dbp=true", "--set", "steps=8"]
-    proc = run_capture(out, (2, 1, 3), *job)
+    proc = run_capture(out, (2, 1, 3), *TORCHRUN, "2", str(TINY_JOB), "--steps", "8",
+                       "--prepare-thread")
     assert_finished(proc)
     for trace in sorted((out / "traces").glob("*.pt.trace.json")):
         _, events = trace_events(trace)
         main = {e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep")}
-        routing = {e["tid"] for e in events if e.get("name") == "nestpipe:key_routing"}
-        assert len(main) == 1 and routing and not routing & main
+        helper = {e["tid"] for e in events if e.get("name") == "tiny_job:prepare"}
+        assert len(main) == 1 and helper and not helper & main
         # the dedup itself, an ATen op that only the helper thread runs
-        assert any(e.get("name", "").startswith("aten::_unique") and e["tid"] in routing
+        assert any(e.get("name", "").startswith("aten::_unique") and e["tid"] in helper
                    for e in events)
 
 

@@ -76,7 +76,7 @@ def _one_number_at_a_time(source: SyntheticSource, stream: int, index: int) -> l
             total = 0.0
             for slot in range(lengths[f, j]):
                 h = _plain_bits((f * size + j) * bag + slot, k_id)
-                lo, hi = quantile[h >> 12], quantile[(h >> 12) + 1]
+                lo, hi = quantile[h >> 12]  # the bucket's first and last popularity rank
                 rank = lo + (((h & 0xFFF) * (hi - lo + 1)) >> 12)
                 ids.append(perm[f * vocab + rank])
                 total += scores[f * vocab + rank]
