@@ -2,8 +2,10 @@
 
 Both sources define *global* batches (the same for every world size) and each rank takes its
 contiguous slice. That is what makes "2 ranks equal 1 rank with the same global batch" a
-checkable statement. Batches are produced by a DataLoader with worker processes and, where an
-accelerator exists, pinned memory, as a real input pipeline would be.
+checkable statement. Synthetic batches are made on the training device when it is a GPU (by
+the rank itself, a few dozen kernels); otherwise batches come from a DataLoader with worker
+processes and, where an accelerator exists, pinned memory, as a real input pipeline would
+(`Feed`).
 """
 
 from __future__ import annotations
