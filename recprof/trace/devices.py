@@ -33,6 +33,7 @@ _FACTS: dict[DeviceKind, DeviceFacts] = {
     DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True),
     DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True),
     DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True),
+    DeviceKind.NPU: DeviceFacts("NPU", "HCCL", "AI Core", queues_work=True),
     DeviceKind.CPU: DeviceFacts("main thread", "gloo", None, queues_work=False),
 }
 
