@@ -105,7 +105,7 @@ class TimelineEvent:
     lane: int
     start_us: float  # relative to the timeline's step start
     dur_us: float
-    category: str  # compute | comm | copy_h2d | copy_d2h | copy_d2d | other
+    category: str  # compute | comm | comm_wait | copy_h2d | copy_d2h | copy_d2d | other
     name: str
     collective: str | None = None
 
@@ -306,7 +306,7 @@ class PeerWait:
     present: bool  # its own trace is among those analysed
     wait_us_per_step: float
     blocking_us_per_step: float  # the part with no compute of the waiting rank under it
-    last_count: int  # collectives at which it was the peer waited for longest
+    last_count: int  # collectives it arrived last at (peer_waits.LAST_MIN_US, _SHARE)
     waiting_ranks: list[int] = field(default_factory=list)
 
 

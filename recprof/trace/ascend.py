@@ -102,8 +102,8 @@ _TRANSFERS = frozenset({"memcpy", "reduce_inline"})
 _RDMA_SEND = "rdmasend"
 #: The rank HCCL writes where a task has no peer (a local reduce), 0xFFFFFFFF.
 _NO_RANK = 0xFFFFFFFF
-_PLANE = re.compile(r"^Plane (\d+)$")
-_STREAM = re.compile(r"^Stream (\d+)$")
+_PLANE = re.compile(r"^Plane\s*(\d{1,6})$")
+_STREAM = re.compile(r"^Stream\s*(\d{1,9})$")
 #: `ts` as torch_npu writes it: microseconds with a fraction, as text.
 _STAMP = re.compile(r"\s*(-?)(\d{1,17})(?:\.(\d{0,15}))?\s*")
 _RANK_FOLDER = re.compile(r"(?:^|_)rank[_-]?(\d{1,6})(?:_|$)", re.IGNORECASE)
@@ -505,11 +505,13 @@ class _Builder:
         if rank is not None and world is not None and rank >= world:
             world = None
         if world is not None:
-            shown = "; ".join(f"{g}: ranks {m[0]}-{m[-1]}" for g, m in groups.items())
+            shown = "; ".join(f"{g or 'default group'}: ranks {m[0]}-{m[-1]}"
+                              for g, m in groups.items())
             self.warnings.append(f"{self.path}: world size {world} from the peers of its HCCL "
                                  f"collectives ({shown}); torch_npu's trace records none")
-        if rank is not None and where:
-            self.warnings.append(f"{self.path}: rank {rank} from {where}")
+        if rank is not None and where and not _PROFILER_INFO.match(where):
+            self.warnings.append(f"{self.path}: no profiler_info_<rank>.json beside it; rank "
+                                 f"{rank} from {where}")
         if not len(rows.start):
             self.warnings.append(f"{self.path}: no device activity found; every step reads as "
                                  "idle")
@@ -517,7 +519,8 @@ class _Builder:
         header = TraceHeader(
             path=str(self.path), rank=rank, world_size=world, backend="hccl",
             start_us=self.origin + first, device_kind=DeviceKind.NPU, device_names=[],
-            host=None, process_groups=groups if world is not None else {},
+            host=None,
+            process_groups={g: m for g, m in groups.items() if g} if world is not None else {},
             origin_us=float(self.origin))
         return RankTrace(
             header=header, lanes=self.lanes.values, names=self.names.values,
@@ -586,8 +589,10 @@ class _Builder:
         starts = np.array([e.start for e, _ in ops])
         by_op: dict[int, list[PlaneTask]] = defaultdict(list)
         members: dict[str, set[int]] = defaultdict(set)
-        sub: list[tuple[float, float, int, int, bool]] = []
+        sub: list[tuple[float, float, int, int, bool, int]] = []
         group_of = [self._group(e) for e, _ in ops]
+        kinds = [COLLECTIVE_KINDS.index(collective_kind(e.name) or "unknown") for e, _ in ops]
+        lane_of = _plane_lanes(planes)
         for e, args, plane in sorted(planes, key=lambda p: p[0].start):
             i = int(np.searchsorted(starts, e.start, side="right")) - 1
             while i >= 0 and ops[i][0].end < e.start:
@@ -604,24 +609,26 @@ class _Builder:
                 by_op[i].append(task)
                 for r in (args.get("src rank"), peer):
                     if r is not None and r < min(_NO_RANK, sanitize.MAX_WORLD_SIZE):
-                        members[group_of[i]].add(r)
+                        members[group_of[i] or ""].add(r)
             label = e.name + (f" · rank {peer}" if peer is not None else "")
-            sub.append((task.start, task.end, self.lanes(f"HCCL plane {plane}"),
-                        self.names(label), task.name == _NOTIFY_WAIT))
+            sub.append((task.start, task.end, self.lanes(lane_of[plane]), self.names(label),
+                        task.name == _NOTIFY_WAIT, kinds[i] if i >= 0 else -1))
         for i, (e, args) in enumerate(ops):
-            kind = collective_kind(e.name) or "unknown"
+            kind = COLLECTIVE_KINDS[kinds[i]]
             size = dtype_size(args.get("data_type"))
             count = args.get("count")
             nbytes = float(count * size) if count is not None and size else float("nan")
             flow = launches.get((e.pid, e.tid, e.start))
             launch, on_main = flow if flow is not None else (float("nan"), True)
             waits = (op_waits(by_op[i], kind == "send_recv") if by_op.get(i) else None)
-            rows.add(e.start, e.end, ActivityClass.COMM, self.lanes(f"HCCL {group_of[i]}"),
-                     self.names(e.name), launch, on_main,
-                     kind=COLLECTIVE_KINDS.index(kind), group=self.names(group_of[i]),
+            group = group_of[i]
+            rows.add(e.start, e.end, ActivityClass.COMM,
+                     self.lanes(f"HCCL {group}" if group else "HCCL"), self.names(e.name),
+                     launch, on_main, kind=kinds[i],
+                     group=self.names(group) if group else -1,
                      nbytes=nbytes, wait=waits.wait if waits else float("nan"),
                      peer_wait=waits.by_peer if waits else None)
-        groups = {g: sorted(m) for g, m in members.items() if m}
+        groups = {g: sorted(m) for g, m in members.items() if m}  # "": the unnamed group
         if not sub:
             return groups, None
         sub.sort(key=lambda s: s[0])
@@ -630,13 +637,37 @@ class _Builder:
                                 end=np.array(cols[1], dtype=np.float64),
                                 lane=np.array(cols[2], dtype=np.int32),
                                 name=np.array(cols[3], dtype=np.int32),
-                                waiting=np.array(cols[4], dtype=bool))
+                                waiting=np.array(cols[4], dtype=bool),
+                                coll_kind=np.array(cols[5], dtype=np.int16))
 
-    def _group(self, e: _Timed) -> str:
+    def _group(self, e: _Timed) -> str | None:
         """An HCCL op's communication group, as its thread names it (`Group 0 Communication`
-        is group `Group 0`)."""
+        is group `Group 0`); None where it names none (the analysis' default group)."""
         thread = self.read.threads.get((e.pid, e.tid), "")
-        return thread.removesuffix(" Communication").strip() or f"HCCL thread {e.tid}"
+        return thread.removesuffix("Communication").strip() or None
+
+
+#: Peers named in a plane's lane at most; more are counted.
+_LANE_PEERS = 3
+
+
+def _plane_lanes(planes: list[tuple[_Timed, dict[str, Any], int]]) -> dict[int, str]:
+    """Each plane's lane, named with the peers its tasks link to (`HCCL plane 5 · rank 5`): on
+    the timeline a reader sees whom a long wait was for."""
+    peers: dict[int, set[int]] = defaultdict(set)
+    for _, args, plane in planes:
+        peer = args.get("dst rank")
+        if (peer is not None and peer < min(_NO_RANK, sanitize.MAX_WORLD_SIZE)
+                and peer != args.get("src rank")):  # a local copy links to no one
+            peers[plane].add(peer)
+    lanes = {}
+    for plane in {p for _, _, p in planes}:
+        ranks = sorted(peers.get(plane, ()))
+        shown = ", ".join(map(str, ranks[:_LANE_PEERS])) + (
+            f" +{len(ranks) - _LANE_PEERS}" if len(ranks) > _LANE_PEERS else "")
+        lanes[plane] = (f"HCCL plane {plane}" + (f" · rank{'s' if len(ranks) > 1 else ''} "
+                                                 f"{shown}" if ranks else ""))
+    return lanes
 
 
 class _Issuers:

@@ -123,6 +123,7 @@ class SubTasks:
     lane: np.ndarray  # index into RankTrace.lanes
     name: np.ndarray  # index into RankTrace.names
     waiting: np.ndarray  # bool: waits for a peer (HCCL Notify_Wait), else moves/reduces data
+    coll_kind: np.ndarray  # the collective's kind (index into vocabulary.COLLECTIVE_KINDS)
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
