@@ -314,6 +314,13 @@ def _skew(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     blocks: list = [Paragraph(_skew_text(job))]
     if len(job.ranks) >= 2 and job.skew.matched_count:
         blocks.append(_wait_table(job))
+        if job.ranks_missing:
+            blocks.append(Paragraph(
+                f"Only {len(job.ranks)} of {job.world} ranks are here: waits are for the last "
+                f"of them to arrive, and what follows (transfer) still holds any waiting for "
+                f"the {len(job.ranks_missing)} missing ranks"
+                + (", which the waits per peer below measure." if job.peer_waits else "."),
+                css="note"))
     blocks.extend(_peer_waits(job))
     _add_plot(blocks, figs, f"{anchor}-critical-path", figures.critical_path_info(job),
               figures.plot_critical_path, figures.critical_path_note, "Critical path of one step")
