@@ -43,7 +43,14 @@ import msgspec
 import numpy as np
 
 from recprof.trace import sanitize
-from recprof.trace.build import _STEP, _HostColumns, _HostOp, _Interner, _step_number
+from recprof.trace.build import (
+    _STEP,
+    _HostColumns,
+    _HostOp,
+    _Interner,
+    _no_collection,
+    _step_number,
+)
 from recprof.trace.model import (
     Activities,
     ActivityClass,
@@ -235,7 +242,7 @@ def rank_of(path: Path) -> tuple[int | None, str]:
 # --- HCCL ops and their plane tasks --------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class PlaneTask:
     """One task of an HCCL op on one plane (link), times relative to the trace origin."""
 
@@ -308,9 +315,12 @@ def op_waits(tasks: list[PlaneTask], send_or_receive: bool) -> OpWaits:
             if not moved:
                 sync += task.end - task.start
         i += 1
+    by_plane: dict[int, list[PlaneTask]] = defaultdict(list)
+    for t in tasks:
+        by_plane[t.plane].append(t)
     by_peer: dict[int, float] = defaultdict(float)
-    for p in sorted({t.plane for t in tasks}):
-        for task in (t for t in tasks if t.plane == p):
+    for on_plane in by_plane.values():
+        for task in on_plane:
             if _is_transfer(task) or (task.transport == "RDMA" and task.name == _RDMA_SEND):
                 break
             if task.name == _NOTIFY_WAIT and task.peer is not None:
@@ -321,7 +331,7 @@ def op_waits(tasks: list[PlaneTask], send_or_receive: bool) -> OpWaits:
 # --- the build --------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Timed:
     """A complete event with its fields checked; `start` relative to the origin once known."""
 
@@ -417,6 +427,11 @@ _SKIPS = {
 def build_ascend_trace(raw: RawTrace) -> RankTrace:
     """One rank's torch_npu timeline as a `RankTrace` (device kind NPU); `TraceFileError` when
     nothing in it is usable."""
+    with _no_collection():  # as the Kineto build: no cycles among the many small objects
+        return _build(raw)
+
+
+def _build(raw: RawTrace) -> RankTrace:
     read = _read(raw)
     if not read.events:
         problem = "no timed events"
@@ -595,8 +610,11 @@ class _Builder:
         lane_of = _plane_lanes(planes)
         for e, args, plane in sorted(planes, key=lambda p: p[0].start):
             i = int(np.searchsorted(starts, e.start, side="right")) - 1
-            while i >= 0 and ops[i][0].end < e.start:
-                i -= 1  # the op open at the task's start (groups may run side by side)
+            back = 0
+            while i >= 0 and ops[i][0].end < e.start:  # the op open at the task's start
+                i, back = i - 1, back + 1  # (groups may run side by side: a few back at most)
+                if back > _OPS_BACK:
+                    i = -1
             peer = args.get("dst rank")
             peer = peer if peer is not None and peer < _NO_RANK else None
             task = PlaneTask(e.start, e.end, plane, _norm(e.name), peer,
@@ -647,6 +665,9 @@ class _Builder:
         return thread.removesuffix("Communication").strip() or None
 
 
+#: HCCL ops looked back at for the one a plane task belongs to: ops of concurrent groups
+#: interleave by a few; a damaged file must not make every task scan every op.
+_OPS_BACK = 64
 #: Peers named in a plane's lane at most; more are counted.
 _LANE_PEERS = 3
 
