@@ -542,36 +542,36 @@ class _Builder:
             activities=rows.activities(), steps=steps, **host.trace_fields(self.names),
             warnings=self.warnings, subtasks=subtasks)
 
-    def _launches(self, main_tid: tuple[Any, Any] | None) -> dict[tuple[Any, Any, float],
-                                                                  tuple[float, bool]]:
-        """Per device event's (pid, tid, start), when the torch op that issued it started and
-        whether on the main thread (the `torch_to_npu` flow)."""
-        out = {}
+    def _launches(self, main_tid: tuple[Any, Any] | None) -> _Launches:
+        """When the torch op that issued each device event started, and whether on the main
+        thread (the `torch_to_npu` flows)."""
+        ends: dict[tuple[Any, Any], list[tuple[float, float, bool]]] = defaultdict(list)
         for (pid, tid, whole, frac), flow in self.read.flow_ends.items():
             start = self.read.flow_starts.get(flow)
             if start is not None:
-                out[(pid, tid, self._rel(whole, frac))] = (
-                    self._rel(start[0], start[1]), (start[2], start[3]) == main_tid)
-        return out
+                ends[(pid, tid)].append((self._rel(whole, frac), self._rel(start[0], start[1]),
+                                         (start[2], start[3]) == main_tid))
+        return _Launches(ends)
 
     def _tasks(self, tasks: list[tuple[_Timed, dict[str, Any]]], hccl_conns: set[int],
-               launches: dict[tuple[Any, Any, float], tuple[float, bool]],
+               launches: _Launches,
                runtime: dict[int, tuple[float, Any, Any]], host: _HostColumns, rows: _Rows,
                main_tid: tuple[Any, Any] | None) -> None:
         """Ascend Hardware tasks: compute, copies and other work; HCCL's own tasks and
         synchronisation left out. A task's launch is the torch op that issued it (flow), else
         the AscendCL call (connection id)."""
         unknown: Counter[str] = Counter()
+        untyped: Counter[str] = Counter()
         issuers = _Issuers(host)
         for e, args in tasks:
             conn = args.get("connection_id")
             if conn is not None and conn in hccl_conns:
                 continue  # an HCCL op's own task: the op counts it
             task_type = args.get("Task Type") or args.get("task type") or ""
-            role = TASK_CLASSES.get(task_type)
+            role = TASK_CLASSES.get(task_type) if task_type else _role_by_name(e.name, untyped)
             if role == _SYNC:
                 continue
-            flow = launches.get((e.pid, e.tid, e.start))
+            flow = launches.of(e)
             if flow is not None:
                 launch, on_main = flow
             elif conn is not None and conn in runtime:
@@ -592,10 +592,14 @@ class _Builder:
             shown = ", ".join(f"{t} ({n})" for t, n in unknown.most_common(8))
             self.warnings.append(f"{self.path}: device tasks of types recprof does not know "
                                  f"counted as other device work: {shown}")
+        if untyped:
+            shown = ", ".join(f"{n} {c}" for c, n in untyped.most_common())
+            self.warnings.append(f"{self.path}: {sum(untyped.values())} device tasks carry no "
+                                 f"Task Type; classed by name: {shown}")
 
     def _collectives(self, ops: list[tuple[_Timed, dict[str, Any]]],
                      planes: list[tuple[_Timed, dict[str, Any], int]],
-                     launches: dict[tuple[Any, Any, float], tuple[float, bool]], rows: _Rows,
+                     launches: _Launches, rows: _Rows,
                      ) -> tuple[dict[str, list[int]], SubTasks | None]:
         """HCCL ops as collective instances (kind, group, bytes = count x dtype, waits from
         their plane tasks), and the plane tasks as the timeline's sub-tasks. Returns the ranks
@@ -636,7 +640,7 @@ class _Builder:
             size = dtype_size(args.get("data_type"))
             count = args.get("count")
             nbytes = float(count * size) if count is not None and size else float("nan")
-            flow = launches.get((e.pid, e.tid, e.start))
+            flow = launches.of(e)
             launch, on_main = flow if flow is not None else (float("nan"), True)
             waits = (op_waits(by_op[i], kind == "send_recv") if by_op.get(i) else None)
             group = group_of[i]
@@ -691,6 +695,38 @@ def _plane_lanes(planes: list[tuple[_Timed, dict[str, Any], int]]) -> dict[int, 
     return lanes
 
 
+class _Launches:
+    """The `torch_to_npu` flows by the device lane they end on: a flow ends where its task
+    starts (the same text stamp on level1; matched within `FLOW_MATCH_US`, should a version
+    write one of them as a number, which float64 rounds to 0.25 us)."""
+
+    def __init__(self, ends: dict[tuple[Any, Any], list[tuple[float, float, bool]]]) -> None:
+        self.at: dict[tuple[Any, Any], np.ndarray] = {}
+        self.flows: dict[tuple[Any, Any], list[tuple[float, float, bool]]] = {}
+        for lane, flows in ends.items():
+            flows.sort()
+            self.flows[lane] = flows
+            self.at[lane] = np.array([f[0] for f in flows])
+
+    def of(self, event: _Timed) -> tuple[float, bool] | None:
+        """(launch time, launched on the main thread) of the flow ending at `event`'s start."""
+        lane = (event.pid, event.tid)
+        at = self.at.get(lane)
+        if at is None:
+            return None
+        i = int(np.searchsorted(at, event.start))
+        near = [j for j in (i - 1, i) if 0 <= j < at.size
+                and abs(at[j] - event.start) <= FLOW_MATCH_US]
+        if not near:
+            return None
+        best = min(near, key=lambda j: abs(at[j] - event.start))
+        return self.flows[lane][best][1], self.flows[lane][best][2]
+
+
+#: How far a flow's end may lie from its task's start and still be that task's.
+FLOW_MATCH_US = 0.5
+
+
 class _Issuers:
     """The innermost host op open at a launch time: what issued a copy names its direction
     (`acl_memcpy_host_to_device`)."""
@@ -699,14 +735,26 @@ class _Issuers:
         self.host = host
 
     def at(self, launch: float, start: float) -> str:
+        """The innermost op open at the launch (the task's start when unknown), the flow's
+        stamp taken within `FLOW_MATCH_US` (it is the op's own start, maybe rounded)."""
         t = start if np.isnan(launch) else launch
         host = self.host
-        i = int(np.searchsorted(host.start, t, side="right"))
+        i = int(np.searchsorted(host.start, t + FLOW_MATCH_US, side="right"))
         best, best_len = "", float("inf")
         for j in range(i - 1, max(i - 64, -1), -1):
-            if host.start[j] <= t <= host.end[j] and host.end[j] - host.start[j] < best_len:
+            if (host.start[j] - FLOW_MATCH_US <= t <= host.end[j]
+                    and host.end[j] - host.start[j] < best_len):
                 best, best_len = host.names[host.name[j]], host.end[j] - host.start[j]
         return best
+
+
+def _role_by_name(name: str, counts: Counter[str]) -> str:
+    """What a device task without a `Task Type` is, from its name: a synchronisation or copy
+    task is named after its type (`EVENT_WAIT`, `MEMCPY_ASYNC`), a kernel after its operator
+    (`aclnnMm_MatMulCommon_MatMulV2`), so anything else is compute. Counted for a warning."""
+    role = TASK_CLASSES.get(name) or (_COPY if "MEMCPY" in name.upper() else _COMPUTE)
+    counts[role] += 1
+    return role
 
 
 def _copy_class(issuer: str, task_type: str) -> ActivityClass:

@@ -145,3 +145,25 @@ def test_kineto_bare_arrays_stay_kineto(shared_traces: Path) -> None:
     bare = next((shared_traces / "kineto_tb_plugin" / "2021-01").rglob("*.json*"))
     raw = read_trace(bare)
     assert not raw.meta and not ascend.is_torch_npu(raw)
+
+
+def test_other_versions_spellings(ascend_level1: Path, tmp_path: Path) -> None:
+    """What another torch_npu version may write differently: device tasks without a `Task
+    Type` (classed by name, said in a warning) and flow stamps as numbers (float64 rounds them
+    to 0.25 us: matched to their task within half a microsecond)."""
+    events = _events(ascend_level1)
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    for e in events:
+        if e.get("ph") == "X" and names.get(e["pid"]) == "Ascend Hardware":
+            e["args"].pop("Task Type")
+        if e.get("ph") in ("s", "f"):
+            e["ts"] = float(e["ts"])
+    path = tmp_path / "trace_view.json"
+    path.write_text(json.dumps(events))
+    trace = load_rank_trace(path)
+    acts = trace.activities
+    assert (acts.klass == ActivityClass.COMPUTE).sum() == 172 + 13 + 2  # as with types
+    assert (acts.klass == ActivityClass.COPY_H2D).sum() == 2
+    assert any("carry no Task Type; classed by name" in w for w in trace.warnings)
+    assert not np.isnan(acts.launch[acts.coll_kind >= 0]).any()
