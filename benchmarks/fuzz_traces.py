@@ -157,9 +157,13 @@ def _is_step(ev: dict) -> bool:
 
 def _is_collective(ev: dict) -> bool:
     name = ev.get("name")
-    return isinstance(name, str) and (name.startswith(("nccl", "record_param_comms", "c10d::",
-                                                       "gloo:", "hcom_", "Hccl", "Notify_",
-                                                       "Memcpy", "Reduce_Inline")))
+    return isinstance(name, str) and (
+        name.startswith(("nccl", "record_param_comms", "c10d::", "gloo:", "hcom_", "Hccl"))
+        or name in _HCCL_TASKS)
+
+
+#: HCCL's plane tasks (torch_npu): named exactly so, unlike Kineto's `Memcpy HtoD (...)`.
+_HCCL_TASKS = frozenset({"Notify_Wait", "Notify_Record", "Memcpy", "Reduce_Inline"})
 
 
 def _is_timed(ev: dict) -> bool:
@@ -338,12 +342,15 @@ def mutate_collective_args(rng: random.Random, doc: Any) -> str:
         return "collective_args: no event"
     args = ev.setdefault("args", {}) if isinstance(ev.get("args"), dict) else {}
     ev["args"] = args
-    key = rng.choice(["In msg nelems", "Out msg nelems", "dtype", "In split size",
-                      "Out split size", "Group size", "Input Dims", "Input type",
-                      "Concrete Inputs", "Process Group Name", "Collective name",
-                      # HCCL's (torch_npu): an op's count and dtype, a plane task's peers
-                      "count", "data_type", "src rank", "dst rank", "connection_id",
-                      "transport type", "link type"])
+    keys = ["In msg nelems", "Out msg nelems", "dtype", "In split size", "Out split size",
+            "Group size", "Input Dims", "Input type", "Concrete Inputs", "Process Group Name",
+            "Collective name"]
+    name = ev.get("name")  # may be anything an earlier mutation left (a nested list)
+    if isinstance(name, str) and (name.startswith(("hcom_", "Hccl")) or name in _HCCL_TASKS):
+        # HCCL's (torch_npu): an op's count and dtype, a plane task's peers and transport
+        keys += ["count", "data_type", "src rank", "dst rank", "connection_id",
+                 "transport type", "link type"]
+    key = rng.choice(keys)
     values = (-1, -(2**40), 2**62, 2**64 - 1, 1e300, 0, [4], 8, "[-5, 10]",
               "[" + "9" * 5000 + "]", "[" + ", ".join(["3"] * 5000) + "]",
               [[2**40] * 8], [[-3, 4]], [[2**62] * 30], ["float", None, 3],
