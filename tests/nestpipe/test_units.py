@@ -254,6 +254,44 @@ def test_single_rank_run_in_process(tmp_path: Path) -> None:
     assert summary["bytes_per_step"]["embedding_a2a_fwd"] == 0  # one rank sends nothing
 
 
+@pytest.mark.parametrize("queues_work", [False, True])
+def test_dbp_trains_the_synchronous_parameters_wherever_it_prefetches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queues_work: bool
+) -> None:
+    """DBP prepares the next batch before the first micro-batch where the device does not queue
+    work (CPU), and after that micro-batch's backward is issued where it does (GPU): the GPU's
+    placement is forced here, on CPU (no streams), and both train the synchronous parameters."""
+    from recprof.nestpipe import schedule, streams
+    from recprof.nestpipe.trainer import Trainer, run
+
+    class Placed(streams.Streams):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(device)
+            self.queues_work = queues_work
+
+    hooks: list[bool] = []
+    finish = Trainer.finish
+
+    def spy(self: Trainer, window: object, after_first: object = None) -> object:
+        hooks.append(after_first is not None)
+        return finish(self, window, after_first)
+
+    monkeypatch.setattr(schedule, "Streams", Placed)
+    monkeypatch.setattr(Trainer, "finish", spy)
+    sets = ["dtype=float64", "micro_batches=2", "steps=4", "warmup_steps=1", "eval_batches=0",
+            "backend=gloo"]
+    run(load_config(TINY, sets), tmp_path / "sync", tmp_path / "sync.pt")
+    assert hooks == [False] * 4
+    hooks.clear()
+    run(load_config(TINY, [*sets, "dbp=true"]), tmp_path / "dbp", tmp_path / "dbp.pt")
+    assert hooks == [queues_work] * 4
+    sync, dbp = torch.load(tmp_path / "sync.pt"), torch.load(tmp_path / "dbp.pt")
+    for a, b in zip(sync["tables"], dbp["tables"], strict=True):
+        assert (a - b).abs().max().item() <= 1e-12
+    for name, tensor in sync["dense"].items():
+        assert (tensor - dbp["dense"][name]).abs().max().item() <= 1e-12
+
+
 def test_float64_state_holds_every_trained_tensor_in_float64(tmp_path: Path) -> None:
     """--save-state in float64 mode: tables, row-wise Adagrad, dense parameters and the dense
     optimizer's state for every dense parameter, all float64 (Adagrad's step count is torch's
