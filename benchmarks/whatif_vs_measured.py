@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -153,8 +152,8 @@ def main() -> None:
 
     def capture_emulated(name: str) -> Path:
         """The baseline captured on the emulated cluster. `recprof capture` wraps each node's
-        torchrun, as it runs on each node of a real cluster (docs/capture.md, Limits), and
-        the nodes' run folders are merged into one, re-analysed from all ranks' traces."""
+        torchrun, as it runs on each node of a real cluster (docs/capture.md, Limits); the
+        run is both nodes' folders (the trial folder holds them)."""
         trial_dir, config = prepare(name, dict(BASELINE), captured=True)
         nodes = [trial_dir / f"capture-node{i}" for i in range(2)]
         wrappers = [[sys.executable, "-m", "recprof", "capture", "--out", str(node), *window,
@@ -167,12 +166,6 @@ def main() -> None:
         for i, res in enumerate(results):
             if res.returncode != 0:
                 sys.exit(f"{name}: node {i} exited {res.returncode}: {res.stderr[-1500:]}")
-        merged = trial_dir / "capture"
-        shutil.copytree(nodes[0], merged, dirs_exist_ok=True)
-        for sub in ("traces", "steps", "meta"):
-            shutil.copytree(nodes[1] / sub, merged / sub, dirs_exist_ok=True)
-        for derived in ("analysis.json", "report.html"):  # node 0's ranks only
-            (merged / derived).unlink(missing_ok=True)
         return trial_dir
 
     where = f"emulated 2 nodes at {args.emulated}" if args.emulated else "loopback"
@@ -181,7 +174,8 @@ def main() -> None:
     started = time.monotonic()
     baseline_dir = (capture_emulated("baseline-capture") if args.emulated
                     else run("baseline-capture", dict(BASELINE), capture=True))
-    predictor = Predictor(measure(one_job([baseline_dir / "capture"])))
+    # the trial folder holds the capture folder (or each node's): the run
+    predictor = Predictor(measure(one_job([baseline_dir])))
     console.print(f"calibration: {predictor.calibration}", highlight=False)
     grid = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
     grid = [g for g in grid if invalid_reason({**BASELINE, **g}, shape) is None]
@@ -286,12 +280,15 @@ def report(console: Console, where: str, predictor: Predictor, rows: list[Row],
 def repredict(out: Path, console: Console) -> None:
     """`--repredict`: the saved grid of `out`, predicted again from its baseline capture."""
     saved = out / "results.yaml"
-    capture = out / "baseline-capture" / "capture"
+    capture = out / "baseline-capture"
     if not saved.is_file() or not capture.is_dir():
         sys.exit(f"{out}: not a finished whatif_vs_measured run (needs results.yaml and "
-                 "baseline-capture/capture)")
+                 "baseline-capture/)")
     results = yaml.safe_load(saved.read_text())
-    predictor = Predictor(measure(one_job([capture])))
+    # one capture folder (loopback, and emulated runs before node folders were read as one
+    # run, which merged them into it), else each node's
+    merged = capture / "capture"
+    predictor = Predictor(measure(one_job([merged if merged.is_dir() else capture])))
     console.print(f"re-predicted with the current model; calibration: {predictor.calibration}",
                   highlight=False)
     rows = [Row(c["knobs"], predictor.predict(c["knobs"]).step_us,

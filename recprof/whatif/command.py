@@ -36,7 +36,8 @@ def parse_try(text: str) -> dict[str, Any]:
 
 def whatif(
     run: Annotated[list[Path], typer.Argument(
-        help="A capture run folder, trace files or an analysis JSON of one job.",
+        help="A capture run folder (or each node's, or the folder holding them), trace files "
+             "or an analysis JSON of one job.",
         show_default=False)],
     tries: Annotated[list[str] | None, typer.Option(
         "--try", help="A knob setting to predict, KEY=VALUE[,KEY=VALUE...] (repeatable). "
