@@ -192,11 +192,12 @@ def test_codec_cost_is_the_codecs_own_time_per_row_and_direction() -> None:
     torch = pytest.importorskip("torch")
     from recprof.nestpipe.config import TrainConfig
     from recprof.nestpipe.qcomms import Codec
-    from recprof.whatif.predict import measure_codec
+    from recprof.whatif.device import measure_codec
 
     cfg = TrainConfig(num_tables=8, num_embeddings=50_000, embedding_dim=64)
     rows = 10_000
-    fwd, bwd = measure_codec(cfg, "fp8", rows)
+    cost = measure_codec(cfg, "fp8", rows)
+    fwd, bwd = cost.fwd, cost.bwd
     data = torch.rand(rows, 64)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -221,7 +222,7 @@ def test_codec_cost_is_the_codecs_own_time_per_row_and_direction() -> None:
             assert 0.25 < per_row * rows / own < 4.0, (direction, per_row, own)
     finally:
         torch.set_num_threads(threads)
-    assert measure_codec(cfg, "fp32", rows)[0] < fwd  # the lossless format is a no-op
+    assert measure_codec(cfg, "fp32", rows).fwd < fwd  # the lossless format is a no-op
 
 
 def test_a_wire_precision_says_which_all_to_alls_keep_their_size() -> None:
