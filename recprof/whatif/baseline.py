@@ -14,13 +14,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recprof.analysis.model import JobAnalysis, RankAnalysis
+from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis
 from recprof.analysis.run import Run, run_of_context
 from recprof.capture.rank_meta import usable_cores
 from recprof.errors import RecprofError
 from recprof.trace.devices import facts
 from recprof.trace.vocabulary import PURPOSE_STAGE
-from recprof.whatif.costs import LinkFit, fit_links, transfer_us
+from recprof.whatif.costs import LinkFit, Span, fit_links, fit_spans, transfer_us
 
 #: A rank that waits on its DataLoader for more than this share of its step runs at the
 #: loader's pace (the H100's MPS capture: rank 1 waited 19.4 ms of a 70.6 ms step, rank 0
@@ -48,6 +48,8 @@ class Baseline:
     job: JobAnalysis
     ranks: dict[int, RankBaseline]
     links: dict[str, LinkFit]
+    #: Lines per kind and span of hosts, where the collectives crossed several (costs.py).
+    spans: dict[tuple[str, Span], LinkFit]
     measured_step_us: float  # the recorded (profiled) step, from the traces
     unprofiled_step_us: float | None  # from the step logs; None when the run has none
     config: object | None  # the built-in trainer's TrainConfig, when this job is one
@@ -59,11 +61,37 @@ class Baseline:
     def world(self) -> int:
         return len(self.ranks)
 
-    def host_cores(self) -> int:
-        """Cores of the job's hosts: as capture recorded them in the run folder, else this
-        machine's (traces from elsewhere: the replay then assumes the job ran on one like it)."""
+    def host_cores(self, host: str | None) -> int:
+        """Cores the ranks on `host` may run on: the most any of them recorded (each rank's
+        `meta/rank<R>.json`: its affinity mask; nodes of a run may differ), else the run
+        context's (an analysis document), else this machine's (traces from elsewhere: the
+        replay then assumes the job ran on one like it)."""
+        capture = self.capture
+        recorded = [cores for r, rb in self.ranks.items() if rb.host == host and capture
+                    and isinstance(cores := (capture.meta(r) or {}).get("cores"), int)
+                    and cores > 0]
+        if recorded:
+            return max(recorded)
         run = self.job.run
         return run.host_cores if run is not None and run.host_cores else usable_cores()
+
+    def overlap_blocked(self) -> str | None:
+        """Why a rank cannot overlap its collectives' transfers and DBP's prefetch thread with
+        its compute, or None when each has room to: a device that queues work runs them on
+        the device beside the host, and a CPU rank needs a spare core (at least twice as many
+        cores as ranks on its host)."""
+        if facts(self.job.device_kind).queues_work:
+            return None
+        hosts: dict[str | None, int] = defaultdict(int)
+        for rb in self.ranks.values():
+            hosts[rb.host] += 1
+        for host, count in sorted(hosts.items(), key=lambda item: str(item[0])):
+            cores = self.host_cores(host)
+            if cores < 2 * count:
+                return (f"each rank has no spare core ({count} CPU ranks on {cores} cores of "
+                        f"host {host}): collective transfers and the prefetch thread take the "
+                        "core the compute needs, so nothing overlaps")
+        return None
 
     def loader_bound(self) -> dict[int, float]:
         """Ranks whose step waited on their DataLoader (more than `LOADER_BOUND_SHARE` of it):
@@ -121,8 +149,17 @@ def measure(job: JobAnalysis) -> Baseline:
     world = len(ranks)
     members = (None if config is None
                else lambda s: config.group_size(s.purpose, world))  # type: ignore[attr-defined]
+
+    def group(s: CollectiveSample) -> tuple[int, ...]:
+        """The instance's members: its trainer group, else every rank of the job."""
+        if config is None:
+            return tuple(sorted(ranks))
+        return config.group_members(s.purpose, s.rank, world)  # type: ignore[attr-defined]
+
+    spans = fit_spans(job.collective_samples, world, group, {r: rb.host for r, rb in ranks.items()})
     return Baseline(
         job=job, ranks=ranks, links=fit_links(job.collective_samples, world, members),
+        spans=spans,
         measured_step_us=job.per_step.step,
         unprofiled_step_us=run.unprofiled_step_us if run else None,
         config=config, config_note=note, capture=run_of_context(run),

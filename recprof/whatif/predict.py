@@ -19,7 +19,7 @@ from recprof.capture.layout import STEADY_PROFILED_STEPS
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
 from recprof.whatif.baseline import LOADER_BOUND_SHARE, Baseline
-from recprof.whatif.costs import Network
+from recprof.whatif.costs import Network, describe_span
 from recprof.whatif.device import CodecCost, device_costs
 from recprof.whatif.replay import Replay, replay
 from recprof.whatif.scenarios import (
@@ -125,12 +125,12 @@ class Predictor:
         else:
             self.knobs = {"qcomms": "fp32"}
             self.shape = JobShape(base.world)
-        # A CPU rank with no spare core runs its prefetch thread and its collectives' transfers
-        # on the core its compute needs; a GPU rank's collectives run on the device and its
-        # host has cores to spare.
-        self.spare_core = (base.job.device_kind != "cpu"
-                           or base.host_cores() >= 2 * base.ranks_per_host())
-        self.network = Network(base.links, base.ranks_per_host(), base.world)
+        # Whether each rank can overlap its transfers and prefetch thread with its compute (a
+        # CPU rank without a spare core cannot), and if not why.
+        self.blocked = base.overlap_blocked()
+        self.spare_core = self.blocked is None
+        self.network = Network(base.links, base.ranks_per_host(), base.world, spans=base.spans,
+                               hosts={r: rb.host for r, rb in base.ranks.items()})
         # What work the capture did not run costs on the job's own device (device.py).
         first = base.capture.meta(min(base.ranks)) if base.capture else None
         cpu = first.get("cpu") if first else None
@@ -243,7 +243,7 @@ class Predictor:
         assert not isinstance(codec, str), codec  # `refusal` turned such a change away
         plan = trainer_plan(self.base, knobs, self._traffic_of(knobs, world),
                             self.reference, codec, self.costs, scale,
-                            self.spare_core, network or self.network, world, loader_paced)
+                            self.blocked, network or self.network, world, loader_paced)
         if not self.spare_core:
             main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
             return replay(main, plan.collectives, blocking_posts=True), plan.assumptions
@@ -414,8 +414,9 @@ class Predictor:
         hosts = len({r.host for r in self.base.ranks.values()})
         if run is None or run.machines is None or run.machines >= hosts or not self.spare_core:
             return []
+        cores = max(self.base.host_cores(r.host) for r in self.base.ranks.values())
         return [f"the ranks' {hosts} hosts are {run.machines} machine(s) (one kernel boot id: "
-                f"containers or network namespaces), whose {self.base.host_cores()} cores they "
+                f"containers or network namespaces), whose {cores} cores they "
                 "share; the replay counts that many per host, so transfers and DBP's prefetch "
                 "thread overlap compute there that in fact competes with them for the cores "
                 "(steps of knobs that overlap more come out short)"]
@@ -425,6 +426,8 @@ class Predictor:
         instance over a group of one rank) with the line it is priced on instead."""
         links = self.base.links
         notes = [f.describe() for f in links.values()]
+        notes += [f"{describe_span(kind, span)}: {fit.describe().split(': ', 1)[1]}"
+                  for (kind, span), fit in sorted(self.base.spans.items())]
         local = sorted({s.kind for s in self.base.job.collective_samples if s.bytes} - set(links))
         for kind in local if links else ():
             donor = self.network.link(kind)

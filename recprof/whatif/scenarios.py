@@ -46,13 +46,16 @@ class Plan:
 
 
 def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, reference: Traffic,
-                 codec: CodecCost, costs: DeviceCosts, compute_scale: float, spare_core: bool,
-                 network: Network, world: int, loader_paced: bool = False) -> Plan:
+                 codec: CodecCost, costs: DeviceCosts, compute_scale: float,
+                 blocked: str | None, network: Network, world: int,
+                 loader_paced: bool = False) -> Plan:
     """The built-in trainer's step under `knobs` (a full knob dict) on `world` ranks; ranks
     beyond the captured ones run the compute of the captured rank they replicate. `codec` is
     the wire format's cost beyond the capture's and `costs` the device's prices for what the
-    knobs repeat (device.py). `loader_paced`: a rank that waited on its DataLoader takes a
-    ready batch instead (the caller holds the step to the loader's pace)."""
+    knobs repeat (device.py). `blocked` says why a rank cannot overlap its transfers and
+    prefetch thread with its compute (None: it can). `loader_paced`: a rank that waited on
+    its DataLoader takes a ready batch instead (the caller holds the step to the loader's
+    pace)."""
     cfg = base.config
     assert cfg is not None
     n = int(knobs["micro_batches"])
@@ -179,13 +182,12 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                  "the ops' 10th-percentile duration")
         notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
                      f"fixed per-op cost (ops per step x {floor}) and split the rest evenly")
-    if spare_core:
+    if blocked is None:
         if dbp:
-            notes.append("the prefetch thread overlaps the main thread (a spare core per rank)")
+            notes.append("the prefetch thread overlaps the main thread (room to overlap on "
+                         "each rank)")
     else:
-        notes.append("each rank has no spare core (CPU ranks sharing this machine's cores): "
-                     "collective transfers and the prefetch thread take the core the compute "
-                     "needs, so nothing overlaps")
+        notes.append(blocked)
     return Plan(main, prefetch, colls, notes)
 
 
