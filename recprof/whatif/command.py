@@ -95,6 +95,7 @@ def print_whatif(result: WhatIf, console: Console) -> None:
                           highlight=False, soft_wrap=True)
     console.print("[bold]links:[/] " + escape("; ".join(result.fits)), highlight=False)
     console.print("[bold]calibration:[/] " + escape(result.calibration), highlight=False)
+    console.print("[bold]device:[/] " + escape(result.device), highlight=False)
     shared = {a for s in ranked for a in s.assumptions} - {result.calibration}
     for note in sorted(shared):
         console.print(f"[dim]assumes[/] {escape(note)}", highlight=False)

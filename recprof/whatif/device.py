@@ -215,6 +215,18 @@ class DeviceCosts:
                 f"take longer{other}")
 
 
+def describe(costs: DeviceCosts) -> str:
+    """What the device's prices rest on, in one line."""
+    device = facts(costs.kind).device
+    if not costs.queues_work:
+        return (f"{device} (CPU ranks): codecs timed on this machine's CPU at the job's rows; a "
+                "micro-batch repeats each op's 10th-percentile duration")
+    memory = costs.memory.describe() if costs.memory else "no elementwise kernel priced"
+    issue = (f"the host issues an op in {costs.issue_us:.0f} us (median launch gap)"
+             if costs.issue_us else "no launches to time the host's issue cost on")
+    return f"{device}: elementwise kernels {memory}; {issue}"
+
+
 def device_costs(kind: str, files: dict[int, str], cpu_model: str | None = None) -> DeviceCosts:
     """The prices of the device of a job of `kind`, from its ranks' trace files (rank -> path;
     the ones that are gone are left out)."""

@@ -20,7 +20,7 @@ from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
 from recprof.whatif.baseline import LOADER_BOUND_SHARE, Baseline
 from recprof.whatif.costs import Network, describe_span
-from recprof.whatif.device import CodecCost, device_costs
+from recprof.whatif.device import CodecCost, describe, device_costs
 from recprof.whatif.replay import Replay, replay
 from recprof.whatif.scenarios import (
     EMBEDDING_EXCHANGE,
@@ -88,6 +88,7 @@ class WhatIf:
     fits: list[str]
     scenarios: list[Scenario]
     samples_per_step: int | None = None
+    device: str = ""  # what the device's prices rest on (device.py)
 
     def to_document(self) -> dict[str, Any]:
         return {
@@ -97,7 +98,7 @@ class WhatIf:
                          "critical_rank": self.baseline_critical_rank,
                          "calibrated": self.calibrated,
                          "calibration": self.calibration, "compute_scale": self.compute_scale,
-                         "links": self.fits},
+                         "links": self.fits, "device": self.device},
             "scenarios": [
                 {"knobs": s.knobs, "step_us": s.step_us, "stages": s.stages,
                  "critical_rank": s.critical_rank, "stages_before": s.stages_before,
@@ -406,6 +407,7 @@ class Predictor:
             calibrated=self.calibrated, calibration=self.calibration, compute_scale=self.scale,
             fits=self._link_notes(), scenarios=scenarios,
             samples_per_step=self.cfg.batch_size if self.cfg else None,
+            device=describe(self.costs),
         )
 
     def _host_notes(self) -> list[str]:
