@@ -13,6 +13,7 @@ import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis
 from recprof.analysis.run import Run, run_of_context
@@ -75,13 +76,26 @@ class Baseline:
         run = self.job.run
         return run.host_cores if run is not None and run.host_cores else usable_cores()
 
+    def sharing(self) -> str | None:
+        """Which ranks ran on one device (of a kind that queues work), or None: each had its
+        own (or nothing says otherwise)."""
+        shared = shared_devices(self.job)
+        if not facts(self.job.device_kind).queues_work or not shared:
+            return None
+        device = facts(self.job.device_kind).device
+        return "; ".join(f"ranks {', '.join(map(str, g.ranks))} share one {device} ({g.device}, "
+                         f"from the {g.source})" for g in shared)
+
     def overlap_blocked(self) -> str | None:
         """Why a rank cannot overlap its collectives' transfers and DBP's prefetch thread with
         its compute, or None when each has room to: a device that queues work runs them on
         the device beside the host, and a CPU rank needs a spare core (at least twice as many
         cores as ranks on its host)."""
         if facts(self.job.device_kind).queues_work:
-            return None
+            sharing = self.sharing()
+            return None if sharing is None else (
+                f"{sharing}: a collective needs the device its peers' work holds, so transfers "
+                "and the prefetch thread wait for the compute and nothing overlaps")
         hosts: dict[str | None, int] = defaultdict(int)
         for rb in self.ranks.values():
             hosts[rb.host] += 1
@@ -115,6 +129,13 @@ class Baseline:
         for r in self.ranks.values():
             hosts[r.host] += 1
         return max(hosts.values())
+
+
+def shared_devices(job: JobAnalysis) -> list[Any]:
+    """The groups of 2+ ranks that ran on one physical device (`JobAnalysis.shared_devices`,
+    SharedDevice: device, host, ranks, source; the GPU-truth analysis fills it); an analysis
+    made before it has none."""
+    return list(getattr(job, "shared_devices", None) or [])
 
 
 def measure(job: JobAnalysis) -> Baseline:

@@ -299,6 +299,11 @@ class Predictor:
                 return ("micro_batches: needs the traces' ops to know the fixed cost each "
                         "micro-batch repeats (give the capture folder or traces, not only an "
                         "analysis JSON)")
+            if name == "dbp" and value != self.knobs[name] and (
+                    sharing := self.base.sharing()) is not None:
+                return (f"dbp: {sharing}; DBP's prefetch thread interleaves the processes' "
+                        "work on it, at a cost a capture of a step "
+                        f"{'with' if self.knobs['dbp'] else 'without'} DBP does not show")
             if name == "qcomms" and value in WIRE_BYTES and isinstance(
                     why := self._codec_cost(value), str):
                 return f"qcomms={value}: cannot price {why}"

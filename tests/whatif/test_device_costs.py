@@ -109,3 +109,33 @@ def test_a_rank_waiting_on_its_data_loader_holds_the_step(tmp_path: Path) -> Non
     assert bf16["step_us"] == pytest.approx(doc["baseline"]["step_us"])
     assert bf16["stages"]["data_loading"] > 10e3
     assert any("rank 1 waited" in a and "DataLoader" in a for a in bf16["assumptions"])
+
+
+def test_ranks_sharing_one_gpu_overlap_nothing_and_dbp_is_refused() -> None:
+    """The H100 runs put both ranks on one GPU (the GPU-truth analysis names them in
+    `JobAnalysis.shared_devices`; given here as it reports them). A collective then needs the
+    device its peer computes on: micro-batching's chunks cannot hide behind the dense compute
+    (measured +24% for micro_batches=2; predicted -7% when each rank had its own GPU), and
+    DBP's prefetch thread interleaves both processes' work at a cost a synchronous capture
+    does not show (measured 74 -> 249 ms with micro_batches=4): refused with the reason."""
+    from types import SimpleNamespace
+
+    from recprof.mirror.command import one_job
+    from recprof.whatif.baseline import measure
+    from recprof.whatif.predict import Predictor
+
+    job = one_job([_run("timesliced_sync")])
+    own = Predictor(measure(job))
+    assert own.predict({"micro_batches": 2}).step_us < own.target
+    job.shared_devices = [SimpleNamespace(device="vm device 0", host="vm", ranks=[0, 1],
+                                          source="capture")]
+    shared = Predictor(measure(job))
+    mb2 = shared.predict({"micro_batches": 2})
+    assert mb2.step_us is not None and mb2.step_us > 1.05 * shared.target
+    assert any("ranks 0, 1 share one GPU (vm device 0" in a and "nothing overlaps" in a
+               for a in mb2.assumptions)
+    dbp = shared.predict({"micro_batches": 4, "dbp": True})
+    assert dbp.refused is not None and dbp.refused.startswith("dbp: ranks 0, 1 share one GPU")
+    # what does not change the schedule's overlap is predicted as before
+    assert shared.predict({"reshape": 2}).step_us == pytest.approx(
+        own.predict({"reshape": 2}).step_us, rel=0.02)
