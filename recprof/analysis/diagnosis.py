@@ -33,6 +33,7 @@ from recprof.analysis.frameworks import (
     FEWER_EXCHANGES,
     FEWER_REDUCTIONS,
     H2D,
+    LATE_RANK,
     LAUNCH,
     LOCALITY,
     OVERLAP,
@@ -170,6 +171,14 @@ class JobFacts:
     #: together, whether `recprof tune --like` applies.
     run_dirs: list[str] = field(default_factory=list)
     has_embedding_exchange: bool = False
+    #: The peer the traces measure the others waiting for (analysis/peer_waits.py), when the
+    #: straggler rule named nobody: its rank, whether its trace is here, its cost per step, the
+    #: rule as applied, and its blocking wait per collective kind (mean over ranks per step).
+    late_peer: int | None = None
+    late_peer_present: bool = True
+    late_peer_cost_us_per_step: float = 0.0
+    late_peer_rule: str = ""
+    late_peer_blocking_by_kind: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_us(self) -> float:
@@ -273,9 +282,11 @@ class _ExposedSplit:
 
 def _exposed_split(facts: JobFacts, kinds: list[str]) -> _ExposedSplit:
     exposed = sum(_exposed_by_kind(facts).get(k, 0.0) for k in kinds)
+    late = sum(facts.straggler_blocking_by_kind.get(k, 0.0)
+               + facts.late_peer_blocking_by_kind.get(k, 0.0) for k in kinds)
     return _ExposedSplit(
         exposed=exposed,
-        straggler=min(sum(facts.straggler_blocking_by_kind.get(k, 0.0) for k in kinds), exposed),
+        straggler=min(late, exposed),
         blocking_wait=sum(facts.blocking_wait_by_kind.get(k, 0.0) for k in kinds),
         blocking_transfer=sum(facts.blocking_transfer_by_kind.get(k, 0.0) for k in kinds),
     )
@@ -287,8 +298,9 @@ def _split_evidence(facts: JobFacts, split: _ExposedSplit) -> str:
             f"data and {_ms(split.blocking_wait)} waiting for later ranks, with nothing else to "
             f"do (the rest: enqueue and unmatched calls)")
     if split.straggler > 0:
-        text += (f"; {_ms(split.straggler)} of the waiting is rank {facts.straggler_rank} being "
-                 f"late, counted by the straggler finding, not here")
+        late = facts.straggler_rank if facts.straggler_rank is not None else facts.late_peer
+        text += (f"; {_ms(split.straggler)} of the waiting is rank {late} being late, counted "
+                 f"by its own finding, not here")
     return text
 
 
@@ -441,6 +453,33 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
     )
 
 
+def rule_late_peer(facts: JobFacts) -> Finding | None:
+    """One peer keeps the others waiting inside their collectives, as their own traces measure
+    it (HCCL's per-link waits), whether or not its trace is among those analysed.
+
+    Where every rank's trace is here and the straggler rule names one, that finding covers it;
+    this one speaks when it named nobody, above all for the ranks whose traces are missing,
+    which matching calls across ranks cannot see. The cost is the measured blocking wait for
+    that peer, the mean over the ranks present (analysis/peer_waits.py).
+    """
+    if facts.late_peer is None or facts.straggler_rank is not None:
+        return None
+    p, cost, step = facts.late_peer, facts.late_peer_cost_us_per_step, facts.step_us
+    missing = "" if facts.late_peer_present else " (its trace is not among those analysed)"
+    kinds = ", ".join(f"{_kind_words(k)} {_ms(v)}" for k, v in
+                      sorted(facts.late_peer_blocking_by_kind.items(), key=lambda kv: -kv[1]))
+    return _finding(
+        facts, id="late_peer", title=f"Waiting for rank {p}{missing}",
+        headline=(f"the ranks wait {_ms(cost)} per step ({_pct(cost, step):.0f}% of the step) "
+                  f"for rank {p} to reach the collectives{missing}"),
+        evidence=[facts.late_peer_rule,
+                  f"blocking wait for rank {p} per step, by collective kind: {kinds}"],
+        estimate=(f"if rank {p} arrived with the others, up to {_ms(cost)} per step: the "
+                  f"blocking wait measured for it, the mean over the ranks present"),
+        recoverable_us=cost, mechanisms=(LATE_RANK,),
+    )
+
+
 def rule_small_messages(facts: JobFacts) -> Finding | None:
     """Many small collectives far below the bandwidth the same kind reaches on big messages.
 
@@ -566,6 +605,7 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_embedding_comm,
     rule_exposed_dense_comm,
     rule_straggler,
+    rule_late_peer,
     rule_small_messages,
     rule_exposed_h2d,
     rule_host_idle,
@@ -718,4 +758,18 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
         run_dirs=(job.run.run_dirs or [job.run.run_dir]) if job.run else [],
         has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
+        **_late_peer_facts(job),
     )
+
+
+def _late_peer_facts(job: JobAnalysis) -> dict[str, object]:
+    """The late peer's `JobFacts` fields, where the traces measured one and the straggler rule
+    (which would cover it) named nobody."""
+    waits = job.peer_waits
+    if waits is None or waits.late_peer is None or job.skew.straggler_rank is not None:
+        return {}
+    peer = next(p for p in waits.peers if p.rank == waits.late_peer)
+    return {"late_peer": waits.late_peer, "late_peer_present": peer.present,
+            "late_peer_cost_us_per_step": waits.late_peer_cost_us_per_step,
+            "late_peer_rule": waits.rule,
+            "late_peer_blocking_by_kind": dict(waits.late_peer_blocking_us_per_step_by_kind)}

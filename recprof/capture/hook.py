@@ -198,7 +198,8 @@ class RankCapture:
             on_source=self.meta.set_step_source,
             optimizer_exists=_torch_optimizer_exists,
         )
-        self.window = ProfilerWindow(run_dir, host, schedule, self.meta, self.voice)
+        self.window = ProfilerWindow(run_dir, host, schedule, self.meta, self.voice,
+                                     charge_hook=self.clock.charge_hook)
         self.closed = False
         self.exit: dict[str, Any] | None = None
         self.exit_code: int | None = None

@@ -10,12 +10,22 @@ exports (to a temporary name, then renamed, so no half file is ever seen) and is
 rank that ends inside the window saves what it recorded (`close`). A job that starts its own
 profiler makes this one step aside, because two profilers on one thread fail ("Profiler is
 already enabled on this thread").
+
+The window ends as soon as the optimizer step whose post-hook marked the boundary has returned,
+not inside it: torch runs the post-hooks inside the step's own `Optimizer.step#...` range, and
+a profiler stopped while that range and one of the job's own (TorchRec's `## optimizer ##`, the
+trainer's `nestpipe:optimizer`) are both open prints a C++ warning per rank into the job's
+output ("collection.cpp: Warning: Optimizer.step#Adagrad.step").
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from recprof.capture import layout
@@ -38,8 +48,12 @@ class ProfilerWindow:
         schedule: Schedule,
         meta: RankMeta,
         voice: RankVoice,
+        charge_hook: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self.run_dir = run_dir
+        # Tells the step clock about capture's own time spent outside a step boundary (the
+        # export, when the window ends after the optimizer step returns).
+        self.charge_hook = charge_hook
         self.host = host
         self.meta = meta
         self.voice = voice
@@ -202,10 +216,29 @@ class ProfilerWindow:
             self.meta.record_runtime(self.torch)  # the process group surely exists by now
             self.meta.set_profiler(status=ProfilerStatus.RECORDING)
             self.voice.event(EventKind.WINDOW, step=self.step)
-        self.prof.step()  # exports at the end of the window (see _export)
-        if window is not None and self.step >= window.end:
+        if window is None or self.step < window.end:
+            self.prof.step()
+            return
+        step_frame = _optimizer_step_frame()
+        if step_frame is None or sys.getprofile() is not None:  # not in a step, or profiled
+            self._end()
+        else:
+            _after_return(step_frame, self._end)
+
+    def _end(self) -> None:
+        """The boundary after the last recorded step: export (see _export) and drop the
+        profiler. Its time is capture's, not the job's, whenever it runs."""
+        started = time.perf_counter()
+        try:
+            self.prof.step()
             self.prof.stop()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.voice.warn(f"profiler failed, no trace from this rank: {error}")
+            self.meta.set_profiler(status=ProfilerStatus.FAILED, error=error)
+        finally:
             self.prof = None
+            self.charge_hook(time.perf_counter() - started)
 
     def _export(self, prof: Any) -> None:
         """on_trace_ready: write the trace via a temporary name so no half file is ever seen."""
@@ -225,6 +258,32 @@ class ProfilerWindow:
             steps=[first, last],
         )
         self.voice.event(EventKind.TRACE, bytes=size, steps=[first, last], partial=self.partial)
+
+
+def _optimizer_step_frame() -> FrameType | None:
+    """The frame of torch's `Optimizer.step` wrapper this call runs inside (its post-hooks run
+    within the step's profiler range), or None outside an optimizer step."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "wrapper" and code.co_filename.replace("\\", "/").endswith(
+                "torch/optim/optimizer.py"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _after_return(frame: FrameType, action: Callable[[], None]) -> None:
+    """Run `action` once `frame` has returned, on this thread: a profile function watches the
+    few calls until then and removes itself. Only used when no profile function is set (the
+    caller checks), so a job under cProfile keeps its own."""
+
+    def watch(current: FrameType, event: str, arg: Any) -> None:
+        if event == "return" and current is frame:
+            sys.setprofile(None)
+            action()
+
+    sys.setprofile(watch)
 
 
 def _one_cycle(torch: Any) -> dict[str, Any]:

@@ -128,6 +128,11 @@ class StepClock:
             self._set_source(StepSource.MANUAL)
         self._boundary()
 
+    def charge_hook(self, seconds: float) -> None:
+        """Capture's own time spent in the running step outside a boundary: it is the step's
+        `hook_s` too, not the job's."""
+        self._hook_s += seconds
+
     def close(self) -> None:
         """No more lines: the rank is ending."""
         self.log.close()

@@ -184,12 +184,14 @@ def check_window(logs: Sequence[Sequence[StepRecord]], schedule: Schedule) -> Wi
 
 
 def _before_window(waits: list[int]) -> list[int]:
-    """The unprofiled wait steps that end right where the warm-up starts (the last
-    SETTLE_BLOCK of them, step 0 never), or none when fewer than MIN_STEADY_STEPS ran."""
+    """The unprofiled wait steps that end right where the warm-up starts: the last two
+    SETTLE_BLOCKs of them (under --wait auto, the two blocks found settled), step 0 never; or
+    none when fewer than MIN_STEADY_STEPS ran. Ten steps, not five: their median is compared
+    with the steps after the window within SETTLE_TOLERANCE, and single steps jitter by ±25%."""
     if not waits:
         return []
     last = waits[-1]
-    run = [s for s in waits if s >= max(SETTLE_SKIP, last - SETTLE_BLOCK + 1)]
+    run = [s for s in waits if s >= max(SETTLE_SKIP, last - 2 * SETTLE_BLOCK + 1)]
     return run if len(run) >= MIN_STEADY_STEPS and run == list(range(run[0], last + 1)) else []
 
 

@@ -419,12 +419,7 @@ def _build(raw: RawTrace) -> RankTrace:
         names=names.values,
         activities=rows.activities(),
         steps=steps,
-        data_loading=host.spans(host.named(lambda n: n.startswith("enumerate(DataLoader)")),
-                                names),
-        comm_waits=host.spans(host.named(is_comm_wait_op), names),
-        main_thread_ops=host.spans(host.main, names),
-        labels=host.label_spans(),
-        framework_marks=host.framework_marks(),
+        **host.trace_fields(names),
         warnings=warnings,
     )
 
@@ -461,6 +456,19 @@ class _HostColumns:
             aten |= cats == cat
         return cls(order=order, start=start[order], end=end[order], name=name[order],
                    names=list(index), main=main[order], aten=aten[order])
+
+    def trace_fields(self, names: _Interner) -> dict[str, Any]:
+        """The host-side fields of a `RankTrace`, whatever format the trace came in (Kineto
+        here, torch_npu's in trace/ascend.py): data loading, waits on communication, the main
+        thread's ops, labels and framework marks."""
+        return {
+            "data_loading": self.spans(
+                self.named(lambda n: n.startswith("enumerate(DataLoader)")), names),
+            "comm_waits": self.spans(self.named(is_comm_wait_op), names),
+            "main_thread_ops": self.spans(self.main, names),
+            "labels": self.label_spans(),
+            "framework_marks": self.framework_marks(),
+        }
 
     def named(self, test: Any) -> np.ndarray:
         """Ops whose name passes `test` (asked once per distinct name)."""

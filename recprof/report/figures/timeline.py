@@ -22,8 +22,9 @@ MAX_TIMELINE_SEGMENTS_PER_RANK = 1200
 TIMELINE_MERGE_FRACTION = 1 / 1500
 
 _LEGEND = {"compute": "compute", "copy_h2d": "H2D copy", "copy_d2h": "D2H copy",
-           "copy_d2d": "D2D copy", "other": "other device work"}
-_DEVICE_KEYS = ("copy_h2d", "copy_d2h", "copy_d2d", "other")
+           "copy_d2d": "D2D copy", "other": "other device work",
+           "comm_wait": "waiting for a peer (in a collective)"}
+_DEVICE_KEYS = ("comm_wait", "copy_h2d", "copy_d2h", "copy_d2d", "other")
 
 
 @dataclass
