@@ -30,6 +30,7 @@ from recprof.analysis.frameworks import (
     BALANCE,
     DATA,
     DENSE_COMM,
+    DEVICE,
     FEWER_EXCHANGES,
     FEWER_REDUCTIONS,
     H2D,
@@ -41,8 +42,9 @@ from recprof.analysis.frameworks import (
     nestpipe_config,
     remedy,
 )
-from recprof.analysis.model import CollectiveStats, Finding
+from recprof.analysis.model import CollectiveStats, Finding, SharedDevice
 from recprof.nestpipe.knobs import searched_by_default
+from recprof.trace.devices import facts as device_facts
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
 if TYPE_CHECKING:
@@ -90,6 +92,9 @@ KEY_PURPOSES = frozenset({"kjt_splits", "kjt_lengths", "kjt_values", "key_routin
 #: Idle-gap causes that mean "the host did not feed the device" (analysis vocabulary).
 DATA_CAUSES = frozenset({"data_loading"})
 LAUNCH_CAUSES = frozenset({"host_bound_launch"})
+#: Idle-gap causes that mean "launched work sat held on the device by something outside the
+#: rank" (another process on the same device).
+HELD_CAUSES = frozenset({"device_held"})
 
 #: Knobs the tuner searches by default; others must be set in the base config.
 TUNER_DEFAULT_SPACE = frozenset(searched_by_default())
@@ -169,6 +174,8 @@ class JobFacts:
     #: exchanges embeddings by all-to-all: together, whether `recprof tune --like` applies.
     run_dir: str | None = None
     has_embedding_exchange: bool = False
+    #: Ranks that share one physical device (recprof/analysis/sharing.py).
+    shared_devices: list[SharedDevice] = field(default_factory=list)
 
     @property
     def step_us(self) -> float:
@@ -519,10 +526,10 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)  # what a cause must reach to count
     if host < floor:
         return None
-    cpu = facts.device_kind == "cpu"
+    words = device_facts(facts.device_kind)
+    cpu = not words.queues_work  # the "device" is the thread itself: nothing is launched
     launch_words = "host overhead between ops" if cpu else "host-bound launch"
-    idles = (f"the {'main thread' if cpu else 'device'} idles {_pct(host, step):.0f}% of the "
-             f"step ({_ms(host)} per step)")
+    idles = f"the {words.device} idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step)"
     # The smaller cause gets its own remedies too where it alone would pass the thresholds:
     # a ResNet50 on V100 (kineto_tb_plugin 2021-01, num_workers=0) idled 58 ms per 214 ms
     # step on launches and 47 ms on its DataLoader, and was told only about launches.
@@ -531,12 +538,12 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
         mechanisms = (DATA, LAUNCH) if data >= launch else (LAUNCH, DATA)
         causes = sorted(((data, "input data"), (launch, launch_words)), reverse=True)
         title = ("Main thread waiting for input data and between ops" if cpu else
-                 "Device idle, waiting for input data and for the host to launch work")
+                 f"{words.device} idle, waiting for input data and for the host to launch work")
         headline = f"{idles} on the host: " + " and ".join(
             f"{words} {_ms(us)}" for us, words in causes)
     elif data >= launch:
         mechanisms = (DATA,)
-        title = "Device idle, waiting for input data"
+        title = f"{words.device.capitalize()} idle, waiting for input data"
         headline = f"{idles} waiting for input data"
     else:
         mechanisms = (LAUNCH,)
@@ -545,7 +552,7 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
             headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
                         f"({_ms(host)} per step) between ops, in Python and framework overhead")
         else:
-            title = "Device idle, waiting for the host to launch work"
+            title = f"{words.device} idle, waiting for the host to launch work"
             headline = f"{idles} waiting for the host to launch work"
     remedy_words = ("feeding the steps and cutting the host overhead" if both else
                     "feeding the steps" if data >= launch else "cutting that overhead")
@@ -559,6 +566,60 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     )
 
 
+def _rank_words(ranks: list[int]) -> str:
+    """`ranks 0 and 1`, `ranks 0, 1 and 2`."""
+    shown = [str(r) for r in ranks]
+    return "ranks " + (", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1
+                       else shown[0])
+
+
+def rule_shared_device(facts: JobFacts) -> Finding | None:
+    """Two or more ranks run on one physical device.
+
+    Every timing of theirs includes the others' work, and the what-if and the tuner assume a
+    device per rank, so the finding is high whatever it costs. Its cost is what the trace
+    measures of the sharing: the time the ranks' launched work sat held on the device while
+    nothing of their own ran on it (idle.DEVICE_HELD), as the mean over the job's ranks. It is
+    a lower bound on what separate devices recover: under time slicing the kernels' own
+    durations include the other ranks' slices too, and under concurrent sharing (MPS) the
+    ranks split the device's compute units without leaving any queue to measure.
+    """
+    if not facts.shared_devices:
+        return None
+    words = device_facts(facts.device_kind)
+    held = {r.rank: sum(v for k, v in r.idle_by_cause_us.items() if k in HELD_CAUSES)
+            for r in facts.ranks}
+    sharing = sorted({r for group in facts.shared_devices for r in group.ranks})
+    cost = sum(held.get(r, 0.0) for r in sharing) / max(len(facts.ranks), 1)
+    step = facts.step_us
+    groups = [f"{_rank_words(g.ranks)} on {g.device}"
+              + (f" (host {g.host})" if g.host and g.host not in g.device else "")
+              + f", from {'capture metadata' if g.source == 'capture' else 'the trace'}"
+              for g in facts.shared_devices]
+    unit = words.compute_unit + "s" if words.compute_unit else "compute units"
+    lead = facts.shared_devices[0]
+    found = _finding(
+        facts, id="shared_device",
+        title=f"{_rank_words(sharing).capitalize()} share a {words.device}",
+        headline=(f"{_rank_words(lead.ranks)} share one {words.device} ({lead.device}): their "
+                  f"launched work sat queued {_ms(cost)} per step ({_pct(cost, step):.0f}% "
+                  f"of the step) while the {words.device} ran another rank's, and every "
+                  f"timing here includes the others' work"),
+        evidence=[
+            "sharing one device: " + "; ".join(groups),
+            "queued per step while the device ran another rank's work: " + ", ".join(
+                f"rank {r} {_ms(held.get(r, 0.0))}" for r in sharing),
+            f"not counted: the kernels' own durations include the other ranks' time slices, "
+            f"and ranks that run side by side split its {unit} and memory bandwidth",
+        ],
+        estimate=(f"a {words.device} per rank recovers at least {_ms(cost)} per step, the "
+                  f"queued time, mean over the job's ranks; what-if predictions and tuning "
+                  f"assume a {words.device} per rank"),
+        recoverable_us=cost, mechanisms=(DEVICE,),
+    )
+    return dataclasses.replace(found, severity="high")
+
+
 #: Every rule, in no particular order: findings are ranked by recoverable time.
 RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_embedding_comm,
@@ -567,6 +628,7 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_small_messages,
     rule_exposed_h2d,
     rule_host_idle,
+    rule_shared_device,
 )
 
 
@@ -598,6 +660,10 @@ def verdict(job: JobAnalysis, found: list[Finding]) -> str:
     straggler = next((f for f in found[1:] if f.id == "straggler"), None)
     if straggler is not None and straggler.severity != "low":
         text += f"; {straggler.headline}"
+    # Ranks sharing a device change every number above: always said.
+    shared = next((f for f in found[1:] if f.id == "shared_device"), None)
+    if shared is not None:
+        text += f"; {shared.headline}"
     return text + "."
 
 
@@ -607,6 +673,8 @@ _CAUSE_GROUP = {
     idle.HOST_OVERHEAD: "host_bound_launch",
     idle.COLLECTIVE_WAIT: "collective",
     idle.COPY_WAIT: "copy",
+    idle.DEVICE_HELD: "device_held",
+    idle.STREAM_WAIT: "stream_wait",
 }
 
 
@@ -716,4 +784,5 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
         run_dir=job.run.run_dir if job.run else None,
         has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
+        shared_devices=list(job.shared_devices),
     )

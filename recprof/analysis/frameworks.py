@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recprof.trace.devices import facts as device_facts
+
 #: Most specific first: a job showing several signatures is the first of them.
 PRECEDENCE = ("nestpipe", "torchrec", "megatron", "fsdp", "ddp")
 
@@ -73,6 +75,7 @@ H2D = "h2d"  # hide the host-to-device copy
 DATA = "data"  # feed the steps faster
 LAUNCH = "launch"  # GPU: fewer, cheaper kernel launches
 HOST = "host"  # CPU: less host work between ops
+DEVICE = "device"  # one device per rank (ranks that share one)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,14 @@ _DDP_DENSE = Remedy(
     "DDP overlaps its all-reduce with the backward pass bucket by bucket: a smaller "
     "bucket_cap_mb starts it earlier, gradient_as_bucket_view saves the copies, a bf16 "
     "compression hook halves the bytes, and no_sync skips it on gradient-accumulation steps.")
+
+#: The same in every framework: the device assignment is the launcher's, not the model's. Its
+#: words for the device kind come from `remedy` (recprof/trace/devices.py).
+_OWN_DEVICE = Remedy(
+    ("one device per rank",),
+    "Give every rank its own {device}: select each rank's device from its LOCAL_RANK, and "
+    "check that the launcher's visible-devices setting (CUDA_VISIBLE_DEVICES and the like) "
+    "does not hand every rank the same one.{sharing}")
 
 #: Wire precisions a framework can send its embedding exchange in on a device kind, where that
 #: is not every one the replay knows: TorchRec's QComms on CPU sends FP16 and BF16 (as FP16)
@@ -145,6 +156,7 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
                        "a larger per-rank batch_size gives each launch more work. Keep "
                        "fuse_tables=true (the default), one all-to-all per embedding dimension "
                        "instead of one per table."),
+        DEVICE: _OWN_DEVICE,
         HOST: Remedy(("batch_size", "fuse_tables"),
                      "A larger batch_size amortises the per-step Python work; keep "
                      "fuse_tables=true (the default), which merges per-table work into fewer "
@@ -192,6 +204,7 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
                     "pin the DataLoader's memory so the copy can be asynchronous."),
         DATA: _DATA_LOADER,
         LAUNCH: _GENERIC_LAUNCH,
+        DEVICE: _OWN_DEVICE,
         HOST: _CPU_HOST,
     },
     "ddp": {
@@ -219,6 +232,7 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
                     "stream, one batch ahead."),
         DATA: _DATA_LOADER,
         LAUNCH: _GENERIC_LAUNCH,
+        DEVICE: _OWN_DEVICE,
         HOST: _CPU_HOST,
     },
 }
@@ -236,11 +250,19 @@ _GENERAL = {
 
 
 def remedy(framework: str, mechanism: str, device_kind: str) -> Remedy:
-    """The knobs and advice for `mechanism` in `framework`, in CPU words on a CPU run."""
+    """The knobs and advice for `mechanism` in `framework`, in CPU words on a CPU run and in
+    the device kind's words (recprof/trace/devices.py) where the advice names the device."""
     table = REMEDIES.get(framework, _GENERAL)
     if mechanism == LAUNCH and device_kind == "cpu":
         mechanism = HOST
-    return table[mechanism]
+    found = table[mechanism]
+    if mechanism == DEVICE:
+        words = device_facts(device_kind)
+        sharing = (f" Where sharing is intended, {words.concurrent_sharing} lets the ranks' "
+                   f"kernels run side by side instead of in turns."
+                   if words.concurrent_sharing else "")
+        return Remedy(found.knobs, found.advice.format(device=words.device, sharing=sharing))
+    return found
 
 
 def knobs_of(framework: str) -> set[str]:

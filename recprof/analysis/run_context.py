@@ -61,6 +61,18 @@ def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | N
     )
 
 
+def rank_metas(files_by_rank: dict[int, str]) -> dict[int, dict[str, Any]]:
+    """Each rank's meta/rank<R>.json, read from the capture run folder its own trace file sits
+    in (a job captured on several nodes has one folder per node), for the ranks that have one.
+    What a rank knows about itself: its host and machine, and the device it ran on."""
+    metas: dict[int, dict[str, Any]] = {}
+    for rank, file in files_by_rank.items():
+        run = run_dir_of([file])
+        if run is not None and (meta := _json(layout.meta_path(run, rank))) is not None:
+            metas[rank] = meta
+    return metas
+
+
 def _json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())

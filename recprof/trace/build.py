@@ -7,6 +7,7 @@ each trace generation (see ../shared/docs/field-notes.md); everything downstream
 
 from __future__ import annotations
 
+import bisect
 import gc
 import re
 from collections import Counter, defaultdict
@@ -26,6 +27,7 @@ from recprof.trace.model import (
     LabelSpans,
     RankTrace,
     Step,
+    StreamWaits,
     TraceHeader,
 )
 from recprof.trace.reader import CheckedEvent, RawTrace, TraceEvent, TraceFileError
@@ -54,10 +56,13 @@ _DEVICE_CATS = _KERNEL_CATS | _COPY_CATS | _MEMSET_CATS | _MTIA_DEVICE_CATS
 _RUNTIME_CATS = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
 _HOST_OP_CATS = {"cpu_op", "operator", "user_annotation"}
 _ATEN_OP_CATS = {"cpu_op", "operator"}
-_HOST, _DEVICE, _RUNTIME = "host", "device", "runtime"
+_SYNC_CATS = {"cuda_sync"}
+_HOST, _DEVICE, _RUNTIME, _SYNC = "host", "device", "runtime", "sync"
 #: What each (lower-case) category is read as; other categories are not read.
 _CATEGORY_ROLES = {**dict.fromkeys(_HOST_OP_CATS, _HOST), **dict.fromkeys(_DEVICE_CATS, _DEVICE),
-                   **dict.fromkeys(_RUNTIME_CATS, _RUNTIME)}
+                   **dict.fromkeys(_RUNTIME_CATS, _RUNTIME), **dict.fromkeys(_SYNC_CATS, _SYNC)}
+#: The cuda_sync row that makes a stream wait for an event recorded on another stream.
+_STREAM_WAIT = "Stream Wait Event"
 _KIND_INDEX = {kind: i for i, kind in enumerate(COLLECTIVE_KINDS)}
 _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
 _MAX_ID = sanitize.MAX_COUNT
@@ -95,6 +100,10 @@ class _Interner:
     def __init__(self) -> None:
         self.values: list[str] = []
         self._index: dict[str, int] = {}
+
+    def get(self, value: str) -> int | None:
+        """The index of `value` if it was stored, without storing it."""
+        return self._index.get(value)
 
     def __call__(self, value: str) -> int:
         idx = self._index.get(value)
@@ -153,6 +162,7 @@ def _header(raw: RawTrace, origin_us: float, first_ts: float, device_kind: Devic
         device_names=names,
         host=sanitize.bounded_text(host) if isinstance(host, str) else None,
         process_groups=groups,
+        visible_devices=len(props),
     )
 
 
@@ -307,6 +317,7 @@ def _build(raw: RawTrace) -> RankTrace:
     launches: dict[int, tuple[float, Any, Any]] = {}
     host_ops: list[_HostOp] = []
     gloo_ops: list[_HostOp] = []
+    stream_waits: list[tuple[float, Any, dict[str, Any]]] = []  # ts, device pid, args
     has_gpu = has_mtia = False
     first_ts = float("inf")
     categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
@@ -362,6 +373,8 @@ def _build(raw: RawTrace) -> RankTrace:
             corr = sanitize.count(raw.correlation(ev))
             if corr is not None:
                 launches[corr] = (ts, pid, tid)
+        elif cat_role is _SYNC and name == _STREAM_WAIT:
+            stream_waits.append((ts, pid, sanitize.event_args(raw.args(ev))))
 
     if first_ts == float("inf"):
         problem = "no timed events"
@@ -412,6 +425,7 @@ def _build(raw: RawTrace) -> RankTrace:
                          for ev in device_events])
     if not len(rows.start):
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
+    header.devices = sorted({ev[4] for ev in device_events if type(ev[4]) is int})
 
     return RankTrace(
         header=header,
@@ -424,6 +438,7 @@ def _build(raw: RawTrace) -> RankTrace:
         comm_waits=host.spans(host.named(is_comm_wait_op), names),
         main_thread_ops=host.spans(host.main, names),
         labels=host.label_spans(),
+        stream_waits=_stream_waits(stream_waits, device_events, lanes),
         framework_marks=host.framework_marks(),
         warnings=warnings,
     )
@@ -543,6 +558,55 @@ class _Rows:
 
 _ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, np.int16,
               np.int32, np.float64, object, bool)
+
+
+def _stream_waits(waits: list[tuple[float, Any, dict[str, Any]]],
+                  device_events: list[_DeviceEvent], lanes: _Interner) -> StreamWaits:
+    """The stream waits the trace records, each with the end of the work it waits for.
+
+    Kineto names the awaited event by the correlation id of the `cudaEventRecord` call that
+    recorded it and the stream it was recorded on; the work it stands for is the last work
+    that stream was given before that call: the device event on it with the highest
+    correlation id below the record's (correlation ids grow with the launch order). Waits on
+    streams that ran nothing in the trace, or by a stream without work, are left out: they
+    cannot hold back anything the analysis sees."""
+    if not waits:
+        return StreamWaits.empty()
+    by_stream: dict[str, tuple[list[int], list[float]]] = {}
+    for _start, end, _cat, _name, pid, tid, args in sorted(
+            device_events, key=lambda ev: _corr_key(ev[6])):
+        corr = sanitize.count(args.get("correlation"))
+        if corr is not None:
+            corrs, ends = by_stream.setdefault(f"device {pid} stream {args.get('stream', tid)}",
+                                               ([], []))
+            corrs.append(corr)
+            ends.append(max(end, ends[-1]) if ends else end)  # a stream runs in order:
+    rows: list[tuple[float, int, int, float]] = []            # the latest end so far
+    for ts, pid, args in waits:
+        waiting = lanes.get(f"device {pid} stream {args.get('stream')}")
+        if waiting is None:
+            continue
+        waited = f"device {pid} stream {args.get('wait_on_stream')}"
+        record = sanitize.count(args.get("wait_on_cuda_event_record_corr_id"))
+        ready = float("nan")
+        if waited in by_stream and record is not None:
+            corrs, ends = by_stream[waited]
+            i = bisect.bisect_left(corrs, record) - 1
+            if i >= 0:
+                ready = ends[i]
+        index = lanes.get(waited)
+        rows.append((ts, waiting, -1 if index is None else index, ready))
+    if not rows:
+        return StreamWaits.empty()
+    rows.sort()
+    cols = list(zip(*rows, strict=True))
+    return StreamWaits(np.array(cols[0], dtype=np.float64), np.array(cols[1], dtype=np.int32),
+                       np.array(cols[2], dtype=np.int32), np.array(cols[3], dtype=np.float64))
+
+
+def _corr_key(args: dict[str, Any]) -> int:
+    corr = sanitize.count(args.get("correlation"))
+    return -1 if corr is None else corr
 
 
 def _device_row(

@@ -27,10 +27,14 @@ class DeviceFacts:
     #: (accelerators), so an idle gap splits at the launch; a CPU run's "device" is the thread
     #: itself and nothing queues.
     queues_work: bool
+    #: What lets several processes' kernels run on one device at once instead of in time
+    #: slices, where the vendor has one ("CUDA MPS"): the advice for ranks that share one.
+    concurrent_sharing: str | None = None
 
 
 _FACTS: dict[DeviceKind, DeviceFacts] = {
-    DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True),
+    DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True,
+                                 concurrent_sharing="the CUDA MPS daemon"),
     DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True),
     DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True),
     DeviceKind.CPU: DeviceFacts("main thread", "gloo", None, queues_work=False),

@@ -46,6 +46,11 @@ class TraceHeader:
     process_groups: dict[str, list[int]] = field(default_factory=dict)
     # Every time in a RankTrace is relative to this absolute origin (microseconds); see build.
     origin_us: float = 0.0
+    #: Device indices the rank's activity ran on (Kineto's device `pid`), and how many devices
+    #: the process could see (`deviceProperties`): with one visible device every rank reads
+    #: index 0, whichever physical device CUDA_VISIBLE_DEVICES gave it.
+    devices: list[int] = field(default_factory=list)
+    visible_devices: int = 0
 
 
 @dataclass
@@ -90,6 +95,26 @@ class HostSpans:
 
 
 @dataclass
+class StreamWaits:
+    """Where a stream was told to wait for another stream's work: Kineto's `cuda_sync`
+    "Stream Wait Event" rows, recorded when the profiler's CUDA sync events are on (capture
+    turns them on). Work queued on `lane` after the wait cannot start before `ready`."""
+
+    issued: np.ndarray  # when the host issued the wait (us from the origin)
+    lane: np.ndarray  # the waiting stream, index into RankTrace.lanes
+    waited_lane: np.ndarray  # the stream waited on, index into RankTrace.lanes (-1: no work)
+    ready: np.ndarray  # end of the awaited work on that stream; NaN when the trace lacks it
+
+    def __len__(self) -> int:
+        return int(self.issued.shape[0])
+
+    @staticmethod
+    def empty() -> StreamWaits:
+        return StreamWaits(np.zeros(0), np.zeros(0, dtype=np.int32),
+                           np.zeros(0, dtype=np.int32), np.zeros(0))
+
+
+@dataclass
 class LabelSpans:
     """Host labels and ops whose name says what part of the step they are (trace/vocabulary:
     `label_meaning`), as parallel columns sorted by start."""
@@ -123,6 +148,7 @@ class RankTrace:
     comm_waits: HostSpans
     main_thread_ops: HostSpans  # every main-thread op: explains gaps on CPU-only runs
     labels: LabelSpans | None = None
+    stream_waits: StreamWaits = field(default_factory=StreamWaits.empty)
     #: How many host names carry each framework's signature (vocabulary.framework_sign).
     framework_marks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

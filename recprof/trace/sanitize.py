@@ -213,6 +213,9 @@ _ARGS = {
     "Input Dims": _dims,
     "Input type": _flat,
     "Concrete Inputs": _concrete,
+    # cuda_sync "Stream Wait Event": the stream waited on and the event record's correlation
+    "wait_on_stream": _key_arg,
+    "wait_on_cuda_event_record_corr_id": count,
 }
 
 

@@ -13,6 +13,9 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 - exposed H2D: `trace_diff/control` (~3%) fires; Megatron (~0%) does not.
 - host idle: the 2021 ResNet50 `num_workers_0` trace fires as data loading, TorchRec
   `sst_long_a2a_optimizer_4` as launch-bound; TraceLens `h100` (3% launch-bound idle) does not.
+- shared device: recprof's own H100 captures (../shared/gpu) of two ranks on one GPU fire,
+  time-sliced (26% of the step queued) and under MPS (3%); one rank alone and Megatron's
+  8 ranks on 8 GPUs do not.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from recprof.analysis.diagnosis import (
     rule_exposed_embedding_comm,
     rule_exposed_h2d,
     rule_host_idle,
+    rule_shared_device,
     rule_small_messages,
     rule_straggler,
 )
@@ -124,14 +128,32 @@ def test_host_idle(facts_of: Callable[[str], JobFacts]) -> None:
     launch = _check(rule_host_idle(facts_of("sst4")), facts_of("sst4"))
     assert "launch" in launch.headline and launch.knobs == ["torch.compile", "CUDA graphs"]
     assert rule_host_idle(facts_of(H100)) is None
-    # Both causes above the thresholds (launch 58 ms, DataLoader 47 ms of a 214 ms step with
-    # num_workers=0): both named, both remedied, the larger first.
+    # Both causes above the thresholds (launch 57 ms, DataLoader 47 ms of a 214 ms step with
+    # num_workers=0): both named, both remedied, the larger first; in the GPU's own word.
     both = _check(rule_host_idle(facts_of(RESNET50_2021_01)), facts_of(RESNET50_2021_01))
-    assert both.headline.startswith("the device idles 49% of the step (105 ms per step) on the "
-                                    "host: host-bound launch 58 ms and input data 47 ms"), \
+    assert both.headline.startswith("the GPU idles 49% of the step (104 ms per step) on the "
+                                    "host: host-bound launch 57 ms and input data 47 ms"), \
         both.headline
     assert both.knobs[:2] == ["torch.compile", "CUDA graphs"]
     assert "DataLoader num_workers" in both.knobs
+
+
+def test_shared_device(facts_of: Callable[[str], JobFacts],
+                       gpu_analysis: Callable[[str], AnalysisResult]) -> None:
+    def facts(name: str) -> JobFacts:
+        (job,) = gpu_analysis(name).jobs
+        return job_facts(job)
+
+    sliced = facts("timesliced_sync")
+    f = _check(rule_shared_device(sliced), sliced)
+    assert f.severity == "high" and f.knobs == ["one device per rank"]
+    assert f.recoverable_fraction > 0.2  # the queued time: 20 ms of a 78 ms step
+    assert "MPS" in f.advice  # CUDA's way of sharing a GPU side by side
+    mps = facts("mps_sync")
+    f = _check(rule_shared_device(mps), mps)
+    assert f.severity == "high" and f.recoverable_fraction < 0.05  # high whatever it costs
+    assert rule_shared_device(facts("one_gpu")) is None
+    assert rule_shared_device(facts_of("megatron")) is None
 
 
 def test_nothing_wrong(facts_of: Callable[[str], JobFacts]) -> None:
@@ -151,5 +173,5 @@ def test_findings_ranked_by_recoverable_time(
 def test_every_rule_is_exercised_above() -> None:
     # A new rule must get its own occurs / does-not-occur test in this module.
     tested = {rule_exposed_embedding_comm, rule_exposed_dense_comm, rule_straggler,
-              rule_small_messages, rule_exposed_h2d, rule_host_idle}
+              rule_small_messages, rule_exposed_h2d, rule_host_idle, rule_shared_device}
     assert set(RULES) == tested
