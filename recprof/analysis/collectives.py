@@ -53,6 +53,8 @@ class CollectiveRecords:
     #: split a kind by group and purpose, and concurrent calls would count twice summed).
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     sends: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))  # per peer
+    #: Per instance: its purpose was inferred from the trace, not read from a label.
+    inferred: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def stats_key(self, i: int) -> StatsKey:
         return self.kind[i], self.group[i], self.purpose[i] if self.purpose else UNKNOWN_PURPOSE
@@ -83,9 +85,10 @@ class CollectiveRecords:
 
 
 def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Window],
-                       purposes: np.ndarray) -> CollectiveRecords:
+                       purposes: np.ndarray, inferred: np.ndarray) -> CollectiveRecords:
     """This rank's collective instances in the analysed windows; `purposes` holds the purpose
-    index (vocabulary.PURPOSES) of every activity (stages.attribute)."""
+    index (vocabulary.PURPOSES) of every activity and `inferred` whether it was inferred
+    rather than labelled (stages.attribute)."""
     acts = trace.activities
     idx = np.flatnonzero((acts.klass == ActivityClass.COMM) & (acts.coll_kind >= 0))
     if windows:
@@ -122,7 +125,8 @@ def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Wind
                              end=acts.end[idx], exposed_by_key=exposed,
                              origin_us=trace.header.origin_us,
                              compute=unions.compute.intersect(spans), purpose=carried,
-                             sends=acts.coll_sends[idx], exposed_by_kind=exposed_kind)
+                             sends=acts.coll_sends[idx], exposed_by_kind=exposed_kind,
+                             inferred=inferred[idx])
 
 
 def _gbps(nbytes: float, dur_us: float) -> float:
@@ -153,6 +157,7 @@ def job_collectives(
             a = acc[key]
             a["count"] += 1
             a["total"] += dur
+            a["inferred"] += bool(records.inferred[i])
             nbytes = float(records.nbytes[i])
             if not np.isnan(nbytes):
                 a["bytes"] += nbytes
@@ -177,7 +182,7 @@ def job_collectives(
             exposed_us=a["exposed"], bytes=a["bytes"] if sized else None, sized_count=sized,
             mean_bytes=a["bytes"] / sized if sized else None, algbw_gbps=alg,
             busbw_gbps=alg * bus_factor(kind, size) if alg is not None else None,
-            group_size=size, purpose=purpose,
+            group_size=size, purpose=purpose, purpose_inferred=a["inferred"] > 0,
         ))
     stats.sort(key=lambda s: -s.total_us)
     return stats, samples

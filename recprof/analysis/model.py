@@ -177,6 +177,8 @@ class CollectiveStats:
     exposed_us_per_step: float = 0.0
     bytes_per_step: float | None = None  # mean message bytes x messages per step
     purpose: str = UNKNOWN_PURPOSE  # what it carries (vocabulary.PURPOSES)
+    #: The purpose was inferred from the trace (recprof/analysis/stages.py), not labelled.
+    purpose_inferred: bool = False
 
 
 @dataclass

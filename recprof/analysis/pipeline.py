@@ -113,7 +113,8 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
     )
     _shift_to_absolute(analysis, trace.header.origin_us)
     return RankOutcome(trace.header, analysis,
-                       collective_records(trace, unions, windows, attribution.purpose),
+                       collective_records(trace, unions, windows, attribution.purpose,
+                                          attribution.inferred),
                        trace.framework_marks)
 
 

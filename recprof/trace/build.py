@@ -41,9 +41,11 @@ from recprof.trace.vocabulary import (
     is_collective_op,
     is_comm_kernel,
     is_comm_wait_op,
+    is_lookup_op,
     kernel_dtype_size,
     label_meaning,
     message_bytes,
+    payload_floating,
 )
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -76,8 +78,9 @@ _HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
 # A device event with its fields checked (sanitize): start, end, category, name, pid, tid, args
 _DeviceEvent = tuple[float, float, str, str, Any, Any, dict[str, Any]]
 # start, end, class, lane, name, launch, collective kind, group, bytes, bytes sent per peer,
-# launched from the main thread
-_Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool]
+# launched from the main thread, floating-point payload (1, 0, -1 unknown)
+_Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool,
+             int]
 _STAGE_INDEX = {stage: i for i, stage in enumerate(STAGES)}
 _PURPOSE_INDEX = {purpose: i for i, purpose in enumerate(PURPOSES)}
 
@@ -92,6 +95,7 @@ class _Marker:
     group: str | None
     nbytes: int | None
     sends: tuple[float, ...] | None = None
+    floating: bool | None = None
 
 
 class _Interner:
@@ -415,7 +419,8 @@ def _build(raw: RawTrace) -> RankTrace:
             group = args.get("Process Group Name", args.get("Process Group ID"))
             markers[(pid, tid)].append(_Marker(
                 start, end, kind, None if group is None else str(group), message_bytes(args),
-                all_to_all_sends(args, header.world_size) if kind == "all_to_all" else None))
+                all_to_all_sends(args, header.world_size) if kind == "all_to_all" else None,
+                payload_floating(args)))
     marker_starts = {key: np.array([m.start for m in ms]) for key, ms in markers.items()}
 
     if device_kind in (DeviceKind.CPU,):
@@ -437,6 +442,7 @@ def _build(raw: RawTrace) -> RankTrace:
                                 names),
         comm_waits=host.spans(host.named(is_comm_wait_op), names),
         main_thread_ops=host.spans(host.main, names),
+        lookups=host.spans(host.named(is_lookup_op), names),
         labels=host.label_spans(),
         stream_waits=_stream_waits(stream_waits, device_events, lanes),
         framework_marks=host.framework_marks(),
@@ -537,10 +543,11 @@ class _Rows:
     coll_bytes: np.ndarray
     coll_sends: np.ndarray
     launched_on_main: np.ndarray
+    coll_floating: np.ndarray
 
     @classmethod
     def of(cls, rows: list[_Row]) -> _Rows:
-        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 11
+        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 12
         sends = np.empty(len(rows), dtype=object)
         sends[:] = list(cols[9])
         return cls(*(np.asarray(c, dtype=t) if t is not object else sends
@@ -557,7 +564,7 @@ class _Rows:
 
 
 _ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, np.int16,
-              np.int32, np.float64, object, bool)
+              np.int32, np.float64, object, bool, np.int8)
 
 
 def _stream_waits(waits: list[tuple[float, Any, dict[str, Any]]],
@@ -624,7 +631,7 @@ def _device_row(
     corr = args.get("correlation")
     launch = launches.get(corr) if corr is not None else None
     launch_ts = launch[0] if launch else float("nan")
-    kind_idx, group_idx, nbytes, sends = -1, -1, float("nan"), None
+    kind_idx, group_idx, nbytes, sends, floating = -1, -1, float("nan"), None, -1
     if cat in _KERNEL_CATS:
         klass = ActivityClass.COMM if is_comm_kernel(name) else ActivityClass.COMPUTE
     elif cat in _COPY_CATS or (cat in _MTIA_DEVICE_CATS and "dma" in name.lower()):
@@ -653,9 +660,13 @@ def _device_row(
         if kind == "all_to_all":
             sends = (all_to_all_sends(args, None) if "In split size" in args
                      else marker.sends if marker else None)
+        payload = payload_floating(args)
+        if payload is None and marker:
+            payload = marker.floating
+        floating = -1 if payload is None else int(payload)
     on_main = launch is None or (launch[1], launch[2]) == main_tid
     return (start, end, int(klass), lane, names(name), launch_ts, kind_idx, group_idx, nbytes,
-            sends, on_main)
+            sends, on_main, floating)
 
 
 #: Enqueues looked at for one transfer: the pairing only ever skips a few.
@@ -746,6 +757,7 @@ def _cpu_rows(
         kind = collective_kind(name) or "unknown"
         size = message_bytes(args)
         launch, sends, on_main = start, None, False
+        payload = payload_floating(args)
         enqueue_op = _enqueue_of(enqueued.get(kind), start, size)
         if enqueue_op is not None:
             launch, on_main = enqueue_op[0], (enqueue_op[3], enqueue_op[4]) == main_tid
@@ -753,9 +765,12 @@ def _cpu_rows(
                 sends = all_to_all_sends(enqueue_op[5], world_size)
             if on_main:
                 transfer_end[position[id(enqueue_op)]] = end
+            if isinstance(enqueue_op[5], dict) and payload is None:
+                payload = payload_floating(enqueue_op[5])
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),
                      names(name), launch, _KIND_INDEX[kind], -1,
-                     float(size) if size is not None else nan, sends, on_main))
+                     float(size) if size is not None else nan, sends, on_main,
+                     -1 if payload is None else int(payload)))
 
     chosen = enqueue | compute
     n = int(chosen.sum())
@@ -765,7 +780,8 @@ def _cpu_rows(
         lane=np.full(n, main_lane, dtype=np.int32), name=host.name_ids(chosen, names),
         launch=host.start[chosen], coll_kind=np.full(n, -1, dtype=np.int16),
         coll_group=np.full(n, -1, dtype=np.int32), coll_bytes=np.full(n, nan),
-        coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool))
+        coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool),
+        coll_floating=np.full(n, -1, dtype=np.int8))
     waits = _blocking_waits(host, compute, candidate, transfer_end)
     return _Rows.concat([_cut_waits(main_rows, np.flatnonzero(compute[chosen]), waits),
                          _Rows.of(rows)])

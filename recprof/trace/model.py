@@ -77,6 +77,9 @@ class Activities:
     coll_sends: np.ndarray
     # the host thread that issued it is the one that runs the steps (labels are per thread)
     launched_on_main: np.ndarray
+    # a collective's payload: 1 floating point (embeddings, gradients), 0 integer (ids,
+    # counts), -1 unknown or not a collective; int8
+    coll_floating: np.ndarray
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -147,6 +150,9 @@ class RankTrace:
     data_loading: HostSpans
     comm_waits: HostSpans
     main_thread_ops: HostSpans  # every main-thread op: explains gaps on CPU-only runs
+    #: Embedding lookup ops (vocabulary.is_lookup_op) on any thread: a hand-written job's
+    #: lookup stage (recprof/analysis/stages.py).
+    lookups: HostSpans
     labels: LabelSpans | None = None
     stream_waits: StreamWaits = field(default_factory=StreamWaits.empty)
     #: How many host names carry each framework's signature (vocabulary.framework_sign).

@@ -211,3 +211,14 @@ def test_capture_identity_prefers_uuid_then_bus_then_index() -> None:
     by_uuid = {**_meta(), "env": {"CUDA_VISIBLE_DEVICES": "GPU-abc"}}
     assert captured_identity(by_uuid)[1] == "GPU-abc"
     assert captured_identity({"host": "node-a", "devices": ["Intel CPU"]}) is None  # CPU run
+
+
+def test_labelled_purposes_are_not_inferred(gpu_analysis: Callable[[str], AnalysisResult]) -> None:
+    """The built-in trainer labels every collective (nestpipe:*): nothing is inferred, and
+    its pooling of received rows stays in its dense forward, where its label puts it."""
+    job = _job(gpu_analysis, "timesliced_sync")
+    assert {c.purpose for c in job.collectives} == {
+        "key_routing", "embedding_rows_fwd", "embedding_grads_bwd", "dense_grads"}
+    assert not any(c.purpose_inferred for c in job.collectives)
+    assert job.stages["dense_forward"].time_us_per_step > job.stages[
+        "embedding_lookup"].time_us_per_step > 0
