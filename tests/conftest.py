@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_sets import GPU_SETS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Resolved: tools under test (HTA among them) may run from another working directory.
@@ -15,16 +16,8 @@ SHARED_TRACES = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "share
                  / "traces").resolve()
 
 
-#: recprof's own captures of real jobs on one H100 (../shared/gpu/SOURCES.md): each set's
-#: capture folders, one per "node". Kept out of `traces/`, so named here one by one.
 SHARED_GPU = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared"))
               / "gpu").resolve()
-GPU_SETS = {
-    "timesliced_sync": ("node0", "node1"),
-    "timesliced_fwp_dbp": ("node0", "node1"),
-    "mps_sync": ("node0", "node1"),
-    "one_gpu": ("run",),
-}
 
 
 @pytest.fixture(scope="session")
