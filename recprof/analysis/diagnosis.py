@@ -612,9 +612,10 @@ def rule_shared_device(facts: JobFacts) -> Finding | None:
             f"not counted: the kernels' own durations include the other ranks' time slices, "
             f"and ranks that run side by side split its {unit} and memory bandwidth",
         ],
-        estimate=(f"a {words.device} per rank recovers at least {_ms(cost)} per step, the "
-                  f"queued time, mean over the job's ranks; what-if predictions and tuning "
-                  f"assume a {words.device} per rank"),
+        estimate=(f"a {words.device} per rank takes away the queued time, {_ms(cost)} per "
+                  f"step (mean over the job's ranks), and the slowdown the others' work causes "
+                  f"inside the kernels, which the trace does not measure; what-if predictions "
+                  f"and tuning assume a {words.device} per rank"),
         recoverable_us=cost, mechanisms=(DEVICE,),
     )
     return dataclasses.replace(found, severity="high")

@@ -11,7 +11,7 @@ import bisect
 import gc
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from recprof.trace import sanitize
+from recprof.trace.devices import facts as device_facts
 from recprof.trace.model import (
     Activities,
     ActivityClass,
@@ -426,8 +427,9 @@ def _build(raw: RawTrace) -> RankTrace:
     if device_kind in (DeviceKind.CPU,):
         rows = _cpu_rows(host, host_ops, gloo_ops, main_tid, names, lanes, header.world_size)
     else:
-        rows = _Rows.of([_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid)
-                         for ev in device_events])
+        lane_of = _lane_namer(device_kind)
+        rows = _Rows.of([_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid,
+                                     lane_of) for ev in device_events])
     if not len(rows.start):
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
     header.devices = sorted({ev[4] for ev in device_events if type(ev[4]) is int})
@@ -444,7 +446,7 @@ def _build(raw: RawTrace) -> RankTrace:
         main_thread_ops=host.spans(host.main, names),
         lookups=host.spans(host.named(is_lookup_op), names),
         labels=host.label_spans(),
-        stream_waits=_stream_waits(stream_waits, device_events, lanes),
+        stream_waits=_stream_waits(stream_waits, device_events, lanes, _lane_namer(device_kind)),
         framework_marks=host.framework_marks(),
         warnings=warnings,
     )
@@ -567,8 +569,23 @@ _ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, n
               np.int32, np.float64, object, bool, np.int8)
 
 
+_LaneNamer = Callable[[Any, Any], str]  # (device, stream) -> lane name
+
+
+def _lane_namer(kind: DeviceKind) -> _LaneNamer:
+    """How a device stream's lane is named: `GPU 0 stream 7`, in the device kind's word
+    (recprof/trace/devices.py)."""
+    word = device_facts(kind).device
+
+    def name(device: Any, stream: Any) -> str:
+        return f"{word} {device} stream {stream}"
+
+    return name
+
+
 def _stream_waits(waits: list[tuple[float, Any, dict[str, Any]]],
-                  device_events: list[_DeviceEvent], lanes: _Interner) -> StreamWaits:
+                  device_events: list[_DeviceEvent], lanes: _Interner,
+                  lane_of: _LaneNamer) -> StreamWaits:
     """The stream waits the trace records, each with the end of the work it waits for.
 
     Kineto names the awaited event by the correlation id of the `cudaEventRecord` call that
@@ -584,16 +601,15 @@ def _stream_waits(waits: list[tuple[float, Any, dict[str, Any]]],
             device_events, key=lambda ev: _corr_key(ev[6])):
         corr = sanitize.count(args.get("correlation"))
         if corr is not None:
-            corrs, ends = by_stream.setdefault(f"device {pid} stream {args.get('stream', tid)}",
-                                               ([], []))
+            corrs, ends = by_stream.setdefault(lane_of(pid, args.get("stream", tid)), ([], []))
             corrs.append(corr)
             ends.append(max(end, ends[-1]) if ends else end)  # a stream runs in order:
     rows: list[tuple[float, int, int, float]] = []            # the latest end so far
     for ts, pid, args in waits:
-        waiting = lanes.get(f"device {pid} stream {args.get('stream')}")
+        waiting = lanes.get(lane_of(pid, args.get("stream")))
         if waiting is None:
             continue
-        waited = f"device {pid} stream {args.get('wait_on_stream')}"
+        waited = lane_of(pid, args.get("wait_on_stream"))
         record = sanitize.count(args.get("wait_on_cuda_event_record_corr_id"))
         ready = float("nan")
         if waited in by_stream and record is not None:
@@ -624,10 +640,10 @@ def _device_row(
     names: _Interner,
     lanes: _Interner,
     main_tid: tuple[Any, Any] | None,
+    lane_of: _LaneNamer,
 ) -> _Row:
     start, end, cat, name, pid, tid, args = ev
-    stream = args.get("stream", tid)
-    lane = lanes(f"device {pid} stream {stream}")
+    lane = lanes(lane_of(pid, args.get("stream", tid)))
     corr = args.get("correlation")
     launch = launches.get(corr) if corr is not None else None
     launch_ts = launch[0] if launch else float("nan")

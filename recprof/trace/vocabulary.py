@@ -225,11 +225,9 @@ PURPOSE_MEANING = {
     "kjt_splits": "TorchRec input dist: how many keys go to each rank",
     "kjt_lengths": "TorchRec input dist: the keys' bag lengths",
     "kjt_values": "TorchRec input dist: the key ids",
-    "key_routing": "keys (ids) sent to the ranks that own their rows: the built-in trainer's "
-                   "deduplicated keys, a hand-written job's ids and their counts",
+    "key_routing": "ids (keys) and their counts to the ranks that own the rows",
     "pooled_embeddings_fwd": "TorchRec: pooled embeddings to the samples' ranks",
-    "embedding_rows_fwd": "embedding rows (looked up, maybe pooled) sent to the ranks that asked: "
-                          "the built-in trainer, hand-written model-parallel jobs",
+    "embedding_rows_fwd": "embedding rows to the ranks that asked for them",
     "embedding_grads_bwd": "embedding gradients back to the rows' owners",
     "hsp_embedding_grads": "embedding gradients summed across HSP groups",
     "dense_grads": "dense gradients summed over replicas (DDP, the trainer's all-reduce)",

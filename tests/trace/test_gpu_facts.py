@@ -26,9 +26,9 @@ def test_a_stream_wait_names_the_work_it_waits_for(shared_traces: Path) -> None:
     trace = build_rank_trace(read_trace(shared_traces / MULTI_STREAM))
     waits = trace.stream_waits
     assert len(waits) == 1
-    assert trace.lanes[waits.lane[0]] == "device 0 stream 24"
-    assert trace.lanes[waits.waited_lane[0]] == "device 0 stream 20"
-    on_20 = trace.activities.lane == trace.lanes.index("device 0 stream 20")
+    assert trace.lanes[waits.lane[0]] == "GPU 0 stream 24"
+    assert trace.lanes[waits.waited_lane[0]] == "GPU 0 stream 20"
+    on_20 = trace.activities.lane == trace.lanes.index("GPU 0 stream 20")
     assert waits.ready[0] == trace.activities.end[on_20].max()
     assert waits.issued[0] < waits.ready[0] + 20_000  # issued after it was launched
 
