@@ -34,6 +34,7 @@ from recprof.analysis.frameworks import (
     FEWER_EXCHANGES,
     FEWER_REDUCTIONS,
     H2D,
+    HELD,
     LAUNCH,
     LOCALITY,
     OVERLAP,
@@ -621,6 +622,35 @@ def rule_shared_device(facts: JobFacts) -> Finding | None:
     return dataclasses.replace(found, severity="high")
 
 
+def rule_queued_idle(facts: JobFacts) -> Finding | None:
+    """Launched work sat queued on the device while nothing of its rank ran, and no known
+    sharing explains it (ranks named sharing a device are `rule_shared_device`'s).
+
+    The idle time is not the host's (the work was issued) and nothing in the trace holds it
+    back: another process on the device, or a stream waiting on something outside this
+    process. Left out, a job whose device idles most of the step would read as fine.
+    """
+    sharing = {r for group in facts.shared_devices for r in group.ranks}
+    by_rank = {r.rank: 0.0 if r.rank in sharing else
+               sum(v for k, v in r.idle_by_cause_us.items() if k in HELD_CAUSES)
+               for r in facts.ranks}
+    held = _mean(by_rank.values())
+    step = facts.step_us
+    if held < max(IDLE_MIN_US, IDLE_MIN_FRACTION * step):
+        return None
+    words = device_facts(facts.device_kind)
+    return _finding(
+        facts, id="queued_idle", title=f"{words.device} idle with launched work queued",
+        headline=(f"the {words.device} idles {_pct(held, step):.0f}% of the step "
+                  f"({_ms(held)} per step) with launched work queued on it that nothing in "
+                  f"this trace holds back"),
+        evidence=["queued per step with nothing of the rank running: " + ", ".join(
+            f"rank {r} {_ms(us)}" for r, us in by_rank.items() if r not in sharing)],
+        estimate=f"removing what holds the {words.device} recovers up to {_ms(held)} per step",
+        recoverable_us=held, mechanisms=(HELD,),
+    )
+
+
 #: Every rule, in no particular order: findings are ranked by recoverable time.
 RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_embedding_comm,
@@ -630,6 +660,7 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_h2d,
     rule_host_idle,
     rule_shared_device,
+    rule_queued_idle,
 )
 
 

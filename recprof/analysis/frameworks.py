@@ -76,6 +76,7 @@ DATA = "data"  # feed the steps faster
 LAUNCH = "launch"  # GPU: fewer, cheaper kernel launches
 HOST = "host"  # CPU: less host work between ops
 DEVICE = "device"  # one device per rank (ranks that share one)
+HELD = "held"  # find what holds the device while launched work waits
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,13 @@ _OWN_DEVICE = Remedy(
     "Give every rank its own {device}: select each rank's device from its LOCAL_RANK, and "
     "check that the launcher's visible-devices setting (CUDA_VISIBLE_DEVICES and the like) "
     "does not hand every rank the same one.{sharing}")
+
+_HELD_DEVICE = Remedy(
+    (),
+    "Find what holds the {device} while this job's launched work waits: another process on "
+    "it (the driver's list of the {device}'s processes shows them), or a stream waiting on "
+    "something outside this process (an event of another device or process, a value the host "
+    "writes). recprof capture records the stream waits the profiler can show.{sharing}")
 
 #: Wire precisions a framework can send its embedding exchange in on a device kind, where that
 #: is not every one the replay knows: TorchRec's QComms on CPU sends FP16 and BF16 (as FP16)
@@ -157,6 +165,7 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
                        "fuse_tables=true (the default), one all-to-all per embedding dimension "
                        "instead of one per table."),
         DEVICE: _OWN_DEVICE,
+        HELD: _HELD_DEVICE,
         HOST: Remedy(("batch_size", "fuse_tables"),
                      "A larger batch_size amortises the per-step Python work; keep "
                      "fuse_tables=true (the default), which merges per-table work into fewer "
@@ -205,6 +214,7 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         DATA: _DATA_LOADER,
         LAUNCH: _GENERIC_LAUNCH,
         DEVICE: _OWN_DEVICE,
+        HELD: _HELD_DEVICE,
         HOST: _CPU_HOST,
     },
     "ddp": {
@@ -233,6 +243,7 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         DATA: _DATA_LOADER,
         LAUNCH: _GENERIC_LAUNCH,
         DEVICE: _OWN_DEVICE,
+        HELD: _HELD_DEVICE,
         HOST: _CPU_HOST,
     },
 }
@@ -256,7 +267,7 @@ def remedy(framework: str, mechanism: str, device_kind: str) -> Remedy:
     if mechanism == LAUNCH and device_kind == "cpu":
         mechanism = HOST
     found = table[mechanism]
-    if mechanism == DEVICE:
+    if mechanism in (DEVICE, HELD):
         words = device_facts(device_kind)
         sharing = (f" Where sharing is intended, {words.concurrent_sharing} lets the ranks' "
                    f"kernels run side by side instead of in turns."

@@ -3,9 +3,11 @@
 On a device that queues work (`DeviceFacts.queues_work`: GPUs, NPUs), a gap splits at the
 launch of the work that ends it. That work is, of everything that starts at or after the gap's
 end, what the host launched first: work launched before the gap and still not started at its
-end sat queued through all of it.
+end sat queued through all of it. A launch is done when its host call returns: a call can run
+long (a pageable copy stages the data in it, a kernel module is loaded lazily on its first
+launch), and until then the host is still issuing the work.
 
-- Before the launch, plus the launch latency this trace shows for unhindered launches
+- Until the launch returned, plus the latency this trace shows for unhindered launches
   (`launch_latency`), the host had not issued the work: the host part. Its cause is read from
   what the host was doing, in this order of evidence: data loading (a DataLoader `__next__`
   covers most of it) > waiting on a collective (a collective or wait op covers most of it) >
@@ -41,9 +43,10 @@ COVER_FRACTION = 0.5  # a host span explains a gap when it covers at least half 
 #: Gaps given a host-side cause (a scan of the host spans each); the small remainder of a trace
 #: with more gaps is booked as unattributed. The queued parts of every gap are split anyway.
 EXPLAINED_GAPS = 2000
-#: Launches into an idle device start within this factor of the fastest tenth of them when
-#: nothing holds them (one H100 alone: 10th percentile 7 us, median 10 us, 90th 15 us); a
-#: launch behind another process's time slice waits 100 us to 2.4 ms (gpu/SOURCES.md).
+#: Launches into an idle device start within this factor of the fastest tenth of them after
+#: the call returns when nothing holds them (one H100 alone, gpu/one_gpu: 10th percentile
+#: 1.0 us, median 1.7 us, 90th 2.2 us); behind another process's time slice 85% of them wait
+#: over 100 us, up to 2.4 ms (gpu/timesliced_sync).
 UNHINDERED_SPREAD = 3.0
 #: Launch latencies needed to measure it; with fewer, none is added.
 MIN_LATENCY_SAMPLES = 20
@@ -84,10 +87,11 @@ def _touching(spans: HostSpans, starts: np.ndarray, ends: np.ndarray) -> np.ndar
 
 
 def launch_latency(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray) -> float | None:
-    """The launch-to-start latency of unhindered launches, from the trace itself: among the
-    gaps whose work was launched inside them (the device idle, the launch the last thing
-    missing), the median of those that started within `UNHINDERED_SPREAD` times the fastest
-    tenth; the others waited for something besides the launch. None with too few samples."""
+    """The latency from a launch's return to its work's start when nothing holds it back, from
+    the trace itself: among the gaps whose work was launched inside them (the device idle, the
+    launch the last thing missing), the median of those that started within
+    `UNHINDERED_SPREAD` times the fastest tenth; the others waited for something besides the
+    launch. None with too few samples."""
     inside = (launches > starts) & (launches < ends)
     samples = ends[inside] - launches[inside]
     if samples.size < MIN_LATENCY_SAMPLES:
@@ -120,7 +124,10 @@ class _Split:
     def of(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> _Split:
         acts = trace.activities
         n = len(acts)
-        launch = np.where(np.isnan(acts.launch), np.inf, acts.launch)
+        # When the host had issued each work: its launch call's return (a call can run long:
+        # a pageable copy's staging, a kernel module loaded on first launch), else its start.
+        issued = np.where(np.isnan(acts.launch_end), acts.launch, acts.launch_end)
+        launch = np.where(np.isnan(issued), np.inf, issued)
         # The earliest launch among the activities from each position on, and where it is.
         earliest = np.minimum.accumulate(launch[::-1])[::-1]
         first = np.searchsorted(acts.start, ends - 1e-9, side="left")  # first work at the end
@@ -132,7 +139,9 @@ class _Split:
             work[follows] = records[np.minimum(np.searchsorted(records, at[follows]),
                                                records.size - 1)]
         pending = np.where(follows, earliest[at] if n else np.inf, np.inf)
-        known = np.isfinite(pending)
+        # Split only where the work that ends the gap has a known launch: another work's
+        # launch, with this one's unknown (a trace missing runtime events), says nothing.
+        known = np.isfinite(pending) & follows & np.isfinite(launch[at] if n else pending)
         latency = launch_latency(starts[known], ends[known], pending[known])
         lat = latency or 0.0
         length = ends - starts

@@ -107,8 +107,8 @@ class IdleGapSummary:
     largest: list[IdleGap] = field(default_factory=list)
     #: Idle time in which the work that ended a gap had been launched and sat queued.
     queued_us: float = 0.0
-    #: The launch-to-start latency this trace shows for unhindered launches (us), counted as
-    #: host time before each launch's work; None where launches are not known.
+    #: The latency from a launch call's return to its work's start this trace shows for
+    #: unhindered launches (us), counted as host time; None where too few launches are known.
     launch_latency_us: float | None = None
 
 

@@ -33,7 +33,8 @@ from recprof.trace.model import TraceHeader
 
 #: Share of a step a rank's launched work must sit held on the device (idle.DEVICE_HELD) for a
 #: trace-only group with one visible device to count as sharing it. Time-sliced ranks on one
-#: H100 held 24-27% (gpu/timesliced_sync); one rank alone 0.7% (gpu/one_gpu).
+#: H100 held 24-27% (gpu/timesliced_sync), under MPS 1.7% (gpu/mps_sync: not named from
+#: the trace alone); one rank alone 0.1% (gpu/one_gpu).
 CORROBORATION = 0.05
 CAPTURE, TRACE = "capture", "trace"
 

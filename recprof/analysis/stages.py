@@ -165,10 +165,10 @@ def _forward_exchange(trace: RankTrace, stage: np.ndarray, times: np.ndarray) ->
     out = np.full(len(acts), _UNKNOWN, dtype=np.int16)
     if not lookups.size:
         return out
-    step_starts = np.sort(np.array([s.start_us for s in trace.steps]))
-    # where the step each activity was issued in began (-inf before the first step)
-    k = np.searchsorted(step_starts, times, side="right") - 1
-    step_start = np.where(k >= 0, step_starts[np.maximum(k, 0)], -np.inf)
+    # where the step each activity was issued in began (-inf before the first step, or in a
+    # trace without steps)
+    step_starts = np.concatenate(([-np.inf], np.sort([s.start_us for s in trace.steps])))
+    step_start = step_starts[np.searchsorted(step_starts, times, side="right") - 1]
     prior = np.searchsorted(lookups, times, side="left") - 1  # latest lookup before it
     looked_up = (prior >= 0) & (lookups[np.maximum(prior, 0)] >= step_start)
     out[(acts.coll_floating == 1) & looked_up] = _ROWS_FWD

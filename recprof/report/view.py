@@ -323,12 +323,12 @@ def _idle(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     latencies = [r.idle_gaps.launch_latency_us for r in job.ranks
                  if r.idle_gaps.launch_latency_us is not None]
     if words.queues_work:
-        latency = (f" and the {sum(latencies) / len(latencies):.0f} µs an unhindered "
-                   f"launch takes to start on this trace" if latencies else "")
+        latency = (f" and the {sum(latencies) / len(latencies):.1f} µs its work takes to "
+                   f"start when nothing holds it (on this trace)" if latencies else "")
         blocks.append(Paragraph(
-            f"Each gap is split at the launch of the work that ends it. Up to the launch"
-            f"{latency}, the host had not issued the work (data loading, host-bound launch, "
-            f"...); after that the work sat queued on the {words.device}: behind another "
+            f"Each gap is split at the launch of the work that ends it. Until the launch call "
+            f"returned{latency}, the host had not issued the work (data loading, host-bound "
+            f"launch, ...); after that the work sat queued on the {words.device}: behind another "
             f"stream's work it waited for, or with the {words.device} held by work outside "
             f"this process (another process on the same {words.device}). See "
             f"docs/analysis.md, Idle gaps.", css="note"))

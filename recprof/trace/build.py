@@ -79,9 +79,9 @@ _HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
 # A device event with its fields checked (sanitize): start, end, category, name, pid, tid, args
 _DeviceEvent = tuple[float, float, str, str, Any, Any, dict[str, Any]]
 # start, end, class, lane, name, launch, collective kind, group, bytes, bytes sent per peer,
-# launched from the main thread, floating-point payload (1, 0, -1 unknown)
+# launched from the main thread, floating-point payload (1, 0, -1 unknown), launch call's end
 _Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool,
-             int]
+             int, float]
 _STAGE_INDEX = {stage: i for i, stage in enumerate(STAGES)}
 _PURPOSE_INDEX = {purpose: i for i, purpose in enumerate(PURPOSES)}
 
@@ -319,7 +319,7 @@ def _build(raw: RawTrace) -> RankTrace:
     steps: list[Step] = []
     step_tids: Counter[tuple[Any, Any]] = Counter()
     device_events: list[_DeviceEvent] = []
-    launches: dict[int, tuple[float, Any, Any]] = {}
+    launches: dict[int, tuple[float, Any, Any, float]] = {}  # start, pid, tid, end
     host_ops: list[_HostOp] = []
     gloo_ops: list[_HostOp] = []
     stream_waits: list[tuple[float, Any, dict[str, Any]]] = []  # ts, device pid, args
@@ -377,7 +377,12 @@ def _build(raw: RawTrace) -> RankTrace:
         elif cat_role is _RUNTIME:
             corr = sanitize.count(raw.correlation(ev))
             if corr is not None:
-                launches[corr] = (ts, pid, tid)
+                # A runtime call and the driver call inside it may share the id: the launch
+                # spans both, from the earlier start to the later end.
+                known = launches.get(corr)
+                launches[corr] = ((ts, pid, tid, end) if known is None else
+                                  (min(ts, known[0]), *((pid, tid) if ts < known[0]
+                                                        else known[1:3]), max(end, known[3])))
         elif cat_role is _SYNC and name == _STREAM_WAIT:
             stream_waits.append((ts, pid, sanitize.event_args(raw.args(ev))))
 
@@ -546,10 +551,11 @@ class _Rows:
     coll_sends: np.ndarray
     launched_on_main: np.ndarray
     coll_floating: np.ndarray
+    launch_end: np.ndarray
 
     @classmethod
     def of(cls, rows: list[_Row]) -> _Rows:
-        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 12
+        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 13
         sends = np.empty(len(rows), dtype=object)
         sends[:] = list(cols[9])
         return cls(*(np.asarray(c, dtype=t) if t is not object else sends
@@ -566,7 +572,7 @@ class _Rows:
 
 
 _ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, np.int16,
-              np.int32, np.float64, object, bool, np.int8)
+              np.int32, np.float64, object, bool, np.int8, np.float64)
 
 
 _LaneNamer = Callable[[Any, Any], str]  # (device, stream) -> lane name
@@ -634,7 +640,7 @@ def _corr_key(args: dict[str, Any]) -> int:
 
 def _device_row(
     ev: _DeviceEvent,
-    launches: dict[int, tuple[float, Any, Any]],
+    launches: dict[int, tuple[float, Any, Any, float]],
     markers: dict[tuple[Any, Any], list[_Marker]],
     marker_starts: dict[tuple[Any, Any], np.ndarray],
     names: _Interner,
@@ -646,7 +652,7 @@ def _device_row(
     lane = lanes(lane_of(pid, args.get("stream", tid)))
     corr = args.get("correlation")
     launch = launches.get(corr) if corr is not None else None
-    launch_ts = launch[0] if launch else float("nan")
+    launch_ts, launch_end = (launch[0], launch[3]) if launch else (float("nan"), float("nan"))
     kind_idx, group_idx, nbytes, sends, floating = -1, -1, float("nan"), None, -1
     if cat in _KERNEL_CATS:
         klass = ActivityClass.COMM if is_comm_kernel(name) else ActivityClass.COMPUTE
@@ -682,7 +688,7 @@ def _device_row(
         floating = -1 if payload is None else int(payload)
     on_main = launch is None or (launch[1], launch[2]) == main_tid
     return (start, end, int(klass), lane, names(name), launch_ts, kind_idx, group_idx, nbytes,
-            sends, on_main, floating)
+            sends, on_main, floating, launch_end)
 
 
 #: Enqueues looked at for one transfer: the pairing only ever skips a few.
@@ -786,7 +792,7 @@ def _cpu_rows(
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),
                      names(name), launch, _KIND_INDEX[kind], -1,
                      float(size) if size is not None else nan, sends, on_main,
-                     -1 if payload is None else int(payload)))
+                     -1 if payload is None else int(payload), launch))
 
     chosen = enqueue | compute
     n = int(chosen.sum())
@@ -797,7 +803,7 @@ def _cpu_rows(
         launch=host.start[chosen], coll_kind=np.full(n, -1, dtype=np.int16),
         coll_group=np.full(n, -1, dtype=np.int32), coll_bytes=np.full(n, nan),
         coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool),
-        coll_floating=np.full(n, -1, dtype=np.int8))
+        coll_floating=np.full(n, -1, dtype=np.int8), launch_end=host.start[chosen])
     waits = _blocking_waits(host, compute, candidate, transfer_end)
     return _Rows.concat([_cut_waits(main_rows, np.flatnonzero(compute[chosen]), waits),
                          _Rows.of(rows)])
@@ -865,4 +871,5 @@ def _cut_waits(rows: _Rows, compute_rows: np.ndarray,
     start = np.array([p[1] for p in pieces])
     extra = _Rows(*(getattr(rows, f)[index] for f in _Rows.__dataclass_fields__))
     extra.start, extra.launch, extra.end = start, start.copy(), np.array([p[2] for p in pieces])
+    extra.launch_end = start.copy()
     return _Rows.concat([rows, extra])

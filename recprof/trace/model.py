@@ -67,6 +67,9 @@ class Activities:
     lane: np.ndarray  # index into RankTrace.lanes
     name: np.ndarray  # index into RankTrace.names
     launch: np.ndarray  # host launch time or NaN when unknown
+    # when the host call that launched it returned (NaN when unknown): a call can run long
+    # (a pageable copy's staging, a kernel module loaded lazily on first launch)
+    launch_end: np.ndarray
     # index into vocabulary.COLLECTIVE_KINDS; -1 where the activity is not a collective
     # instance (non-comm work, or a gloo collective's enqueue on the main thread)
     coll_kind: np.ndarray

@@ -89,14 +89,15 @@ def test_queued_time_is_not_host_bound_when_ranks_time_slice_a_gpu(
         host_bound = _per_step(rank, HOST_BOUND_LAUNCH)
         held = _per_step(rank, DEVICE_HELD)
         idle = rank.per_step.idle
-        # measured: host-bound 3.7 / 3.9 ms against 4.0 / 4.1 ms before the launches;
-        # held 18.7 / 20.9 ms of 23.8 / 26.2 ms idle per step
+        # measured: host-bound 4.0 / 4.1 ms against 4.0 / 4.1 ms before the launch calls
+        # began; held 18.5 / 20.9 ms of 23.8 / 26.2 ms idle per step
         assert 0.5 * share < host_bound <= HOST_BOUND_MARGIN * share, (rank.rank, host_bound,
                                                                        share)
         assert held > 0.6 * idle, (rank.rank, held, idle)
         assert rank.idle_gaps.queued_us / len(rank.steps) >= held
-        # the launch latency the trace shows for unhindered launches: ~10 us on an H100
-        assert 3.0 < rank.idle_gaps.launch_latency_us < 30.0
+        # the latency from a launch's return to its kernel's start, unhindered: 1.4-1.8 us
+        # on an H100 (the ~2.4 ms time slices are three orders of magnitude away)
+        assert 0.5 < rank.idle_gaps.launch_latency_us < 10.0
         # the largest gaps are kernels held through the other rank's ~2.4 ms slice
         top = rank.idle_gaps.largest[0]
         assert top.cause == DEVICE_HELD and top.queued_us > 0.8 * top.dur_us > 1500
@@ -107,7 +108,7 @@ def test_one_rank_alone_idles_on_the_host(gpu_analysis: Callable[[str], Analysis
     idle = rank.per_step.idle
     host = _per_step(rank, "data loading") + _per_step(rank, HOST_BOUND_LAUNCH)
     assert host > 0.9 * idle  # 64 ms data loading + 11 ms launch of 78 ms
-    assert _per_step(rank, DEVICE_HELD) < 0.02 * idle  # 0.56 ms: first launches after a wait
+    assert _per_step(rank, DEVICE_HELD) < 0.01 * idle  # 0.06 ms
 
 
 def test_mps_leaves_almost_nothing_queued(gpu_analysis: Callable[[str], AnalysisResult]) -> None:
@@ -115,7 +116,7 @@ def test_mps_leaves_almost_nothing_queued(gpu_analysis: Callable[[str], Analysis
     sliced = {r.rank: _per_step(r, DEVICE_HELD)
               for r in _job(gpu_analysis, "timesliced_sync").ranks}
     for rank in _job(gpu_analysis, "mps_sync").ranks:
-        assert shared[rank.rank] < 0.05 * rank.per_step.step  # 1.9 / 2.0 ms of 71 ms
+        assert shared[rank.rank] < 0.05 * rank.per_step.step  # 1.2 / 1.2 ms of 71 ms
         assert shared[rank.rank] < 0.2 * sliced[rank.rank]
 
 
@@ -177,7 +178,7 @@ def test_bare_traces_fall_back_to_host_and_device_id(shared_gpu: Path, tmp_path:
     """Without capture's metadata, host (from the file name) + device index: each process saw
     one GPU, which per-rank CUDA_VISIBLE_DEVICES would also show, so the trace must
     corroborate the sharing with held time; time slicing does (~25% of the step), MPS does
-    not (3%), and then nothing is claimed."""
+    not (1.7%), and then nothing is claimed."""
     sliced = analyze_paths([_bare_traces(shared_gpu, "timesliced_sync", tmp_path / "ts")])
     assert sliced.jobs[0].shared_devices == [SharedDevice("vm device 0", "vm", [0, 1], "trace")]
     mps = analyze_paths([_bare_traces(shared_gpu, "mps_sync", tmp_path / "mps")])

@@ -14,8 +14,11 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 - host idle: the 2021 ResNet50 `num_workers_0` trace fires as data loading, TorchRec
   `sst_long_a2a_optimizer_4` as launch-bound; TraceLens `h100` (3% launch-bound idle) does not.
 - shared device: recprof's own H100 captures (../shared/gpu) of two ranks on one GPU fire,
-  time-sliced (26% of the step queued) and under MPS (3%); one rank alone and Megatron's
+  time-sliced (26% of the step queued) and under MPS (1.7%); one rank alone and Megatron's
   8 ranks on 8 GPUs do not.
+- queued idle: TraceLens' sglang decode (one MI300 rank whose next kernel sat launched for
+  463 ms of a 474 ms step on an idle GPU) fires; the time-sliced H100 ranks do not (their
+  queueing is the shared device's), nor one rank alone on its GPU.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from recprof.analysis.diagnosis import (
     rule_exposed_embedding_comm,
     rule_exposed_h2d,
     rule_host_idle,
+    rule_queued_idle,
     rule_shared_device,
     rule_small_messages,
     rule_straggler,
@@ -131,7 +135,7 @@ def test_host_idle(facts_of: Callable[[str], JobFacts]) -> None:
     # Both causes above the thresholds (launch 57 ms, DataLoader 47 ms of a 214 ms step with
     # num_workers=0): both named, both remedied, the larger first; in the GPU's own word.
     both = _check(rule_host_idle(facts_of(RESNET50_2021_01)), facts_of(RESNET50_2021_01))
-    assert both.headline.startswith("the GPU idles 49% of the step (104 ms per step) on the "
+    assert both.headline.startswith("the GPU idles 49% of the step (105 ms per step) on the "
                                     "host: host-bound launch 57 ms and input data 47 ms"), \
         both.headline
     assert both.knobs[:2] == ["torch.compile", "CUDA graphs"]
@@ -156,6 +160,17 @@ def test_shared_device(facts_of: Callable[[str], JobFacts],
     assert rule_shared_device(facts_of("megatron")) is None
 
 
+def test_queued_idle(facts_of: Callable[[str], JobFacts],
+                     gpu_analysis: Callable[[str], AnalysisResult]) -> None:
+    facts = facts_of("tracelens/inference/sglang_decode")
+    f = _check(rule_queued_idle(facts), facts)
+    assert f.severity == "high" and f.knobs == []  # nothing to turn: find what holds the GPU
+    assert "another process" in f.advice
+    for name in ("timesliced_sync", "one_gpu"):
+        (job,) = gpu_analysis(name).jobs
+        assert rule_queued_idle(job_facts(job)) is None, name
+
+
 def test_nothing_wrong(facts_of: Callable[[str], JobFacts]) -> None:
     assert diagnose_facts(facts_of(H100)) == []
 
@@ -173,5 +188,6 @@ def test_findings_ranked_by_recoverable_time(
 def test_every_rule_is_exercised_above() -> None:
     # A new rule must get its own occurs / does-not-occur test in this module.
     tested = {rule_exposed_embedding_comm, rule_exposed_dense_comm, rule_straggler,
-              rule_small_messages, rule_exposed_h2d, rule_host_idle, rule_shared_device}
+              rule_small_messages, rule_exposed_h2d, rule_host_idle, rule_shared_device,
+              rule_queued_idle}
     assert set(RULES) == tested
