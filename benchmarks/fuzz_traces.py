@@ -80,6 +80,10 @@ SEED_FILES = (
     "tracelens/mi210/gpu_only_trace/gpu_only_trace.json.gz",
     "tracelens/torch_compile_triton/trace.json.gz",
 )
+#: torch_npu's timelines of a real Ascend job (../shared/ascend, beside traces/): bare lists
+#: with string `ts`, HCCL ops and their plane tasks, `torch_to_npu` flows (`--ascend`).
+ASCEND_SEED_FILES = tuple(f"ascend/level1/rank{r}_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json"
+                          for r in (0, 1))
 #: Real multi-rank folders, for cases that damage one rank among healthy ones.
 SEED_FOLDERS = (
     "torchrec_pr1460/trace/sst_long_a2a_optimizer",
@@ -100,15 +104,21 @@ class Corpus:
     analysis: bytes
 
     @staticmethod
-    def load(root: Path = SHARED_TRACES) -> Corpus:
+    def load(root: Path = SHARED_TRACES, ascend: bool = False) -> Corpus:
+        """The Kineto seeds under `root` (../shared/traces), or with `ascend` the torch_npu
+        seeds beside it (one folder of both ranks' timelines for the multi-rank cases)."""
         files = []
-        for rel in SEED_FILES:
-            data = (root / rel).read_bytes()
+        for rel in ASCEND_SEED_FILES if ascend else SEED_FILES:
+            data = (root.parent / rel if ascend else root / rel).read_bytes()
             if rel.endswith(".gz"):
                 data = gzip.decompress(data)
             files.append((rel, data, orjson.loads(data)))
-        folders = [(rel, [(p.name, p.read_bytes()) for p in sorted((root / rel).iterdir())])
-                   for rel in SEED_FOLDERS]
+        if ascend:
+            folders = [("ascend/level1", [(f"rank{i}_trace_view.json", data)
+                                          for i, (_, data, _) in enumerate(files)])]
+        else:
+            folders = [(rel, [(p.name, p.read_bytes()) for p in sorted((root / rel).iterdir())])
+                       for rel in SEED_FOLDERS]
         analysis = analyze_paths([root / SEED_FOLDERS[0]], executor=InProcess()).to_json()
         return Corpus(files, folders, analysis)
 
@@ -147,8 +157,13 @@ def _is_step(ev: dict) -> bool:
 
 def _is_collective(ev: dict) -> bool:
     name = ev.get("name")
-    return isinstance(name, str) and (name.startswith(("nccl", "record_param_comms", "c10d::",
-                                                       "gloo:")))
+    return isinstance(name, str) and (
+        name.startswith(("nccl", "record_param_comms", "c10d::", "gloo:", "hcom_", "Hccl"))
+        or name in _HCCL_TASKS)
+
+
+#: HCCL's plane tasks (torch_npu): named exactly so, unlike Kineto's `Memcpy HtoD (...)`.
+_HCCL_TASKS = frozenset({"Notify_Wait", "Notify_Record", "Memcpy", "Reduce_Inline"})
 
 
 def _is_timed(ev: dict) -> bool:
@@ -212,12 +227,17 @@ def mutate_change_type(rng: random.Random, doc: Any) -> str:
 def mutate_extreme_numbers(rng: random.Random, doc: Any) -> str:
     extreme = (0, -1, -1e9, 1e15, 1e17, 1.7e308, -1.7e308, 2**63 - 1, 2**64 - 1, 5e-324,
                -(2**63), 1e-300)
+    # torch_npu writes `ts` as text: damaged text stamps as well as numbers
+    texts = ("1e999", "nan", "", "9" * 40, "-0.5", "1736408883688868.000.1", " 12 ", "0x1f",
+             "1736408883688868." + "9" * 40)
     events = [e for e in _events(doc) if isinstance(e, dict) and _is_timed(e)]
     if not events:
         return "extreme_numbers: no event"
     n = rng.choice([1, 3, max(1, len(events) // 10)])
     for ev in rng.sample(events, min(n, len(events))):
-        ev[rng.choice(["ts", "dur"])] = rng.choice(extreme)
+        key = rng.choice(["ts", "dur"])
+        ev[key] = rng.choice(texts if isinstance(ev.get(key), str) and rng.random() < 0.5
+                             else extreme)
     return f"extreme_numbers: {n} events' ts/dur"
 
 
@@ -322,9 +342,15 @@ def mutate_collective_args(rng: random.Random, doc: Any) -> str:
         return "collective_args: no event"
     args = ev.setdefault("args", {}) if isinstance(ev.get("args"), dict) else {}
     ev["args"] = args
-    key = rng.choice(["In msg nelems", "Out msg nelems", "dtype", "In split size",
-                      "Out split size", "Group size", "Input Dims", "Input type",
-                      "Concrete Inputs", "Process Group Name", "Collective name"])
+    keys = ["In msg nelems", "Out msg nelems", "dtype", "In split size", "Out split size",
+            "Group size", "Input Dims", "Input type", "Concrete Inputs", "Process Group Name",
+            "Collective name"]
+    name = ev.get("name")  # may be anything an earlier mutation left (a nested list)
+    if isinstance(name, str) and (name.startswith(("hcom_", "Hccl")) or name in _HCCL_TASKS):
+        # HCCL's (torch_npu): an op's count and dtype, a plane task's peers and transport
+        keys += ["count", "data_type", "src rank", "dst rank", "connection_id",
+                 "transport type", "link type"]
+    key = rng.choice(keys)
     values = (-1, -(2**40), 2**62, 2**64 - 1, 1e300, 0, [4], 8, "[-5, 10]",
               "[" + "9" * 5000 + "]", "[" + ", ".join(["3"] * 5000) + "]",
               [[2**40] * 8], [[-3, 4]], [[2**62] * 30], ["float", None, 3],
@@ -679,14 +705,14 @@ def run_case(corpus: Corpus, seed: int, index: int, time_limit: float,
 _CORPUS: Corpus | None = None
 
 
-def _worker_init(memory_gb: float) -> None:
+def _worker_init(memory_gb: float, ascend: bool) -> None:
     """Load the corpus once per worker, under an address-space cap: a case that allocates
     without bound must end in MemoryError (a failure with its place), not in the kernel's
     OOM killer on a machine others share."""
     global _CORPUS
     limit = int(memory_gb * (1 << 30))
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    _CORPUS = Corpus.load()
+    _CORPUS = Corpus.load(ascend=ascend)
 
 
 def _worker_run(job: tuple[int, int, float]) -> tuple[int, Outcome, str]:
@@ -708,6 +734,8 @@ def main() -> int:
     parser.add_argument("--only", type=int, default=None, help="replay one case index")
     parser.add_argument("--memory-gb", type=float, default=6.0,
                         help="address-space cap per worker process")
+    parser.add_argument("--ascend", action="store_true",
+                        help="mutate torch_npu's timelines (../shared/ascend) instead")
     args = parser.parse_args()
     indices = ([args.only] if args.only is not None
                else list(range(args.start, args.start + args.cases)))
@@ -716,7 +744,7 @@ def main() -> int:
     started = time.monotonic()
     jobs = [(args.seed, i, args.time_limit) for i in indices]
     with ProcessPoolExecutor(args.workers, initializer=_worker_init,
-                             initargs=(args.memory_gb,)) as pool:
+                             initargs=(args.memory_gb, args.ascend)) as pool:
         for done, (index, outcome, mutation) in enumerate(
                 pool.map(_worker_run, jobs, chunksize=20), start=1):
             counts[outcome.kind] += 1

@@ -52,6 +52,22 @@ def shared_traces() -> Path:
     return SHARED_TRACES
 
 
+# torch_npu's profiler output of two ranks of a real 8-rank Ascend job (../shared/ascend, see
+# SOURCES.md there): kept outside traces/, so the suites that scan every folder of traces/
+# do not meet it unannounced.
+SHARED_ASCEND = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared"))
+                 / "ascend").resolve()
+
+
+@pytest.fixture(scope="session")
+def ascend_level1() -> Path:
+    """../shared/ascend/level1 (ranks 0 and 1 of an 8-rank HCCL job), or a clean skip."""
+    path = SHARED_ASCEND / "level1"
+    if not path.is_dir():
+        pytest.skip(f"Ascend traces not found at {path} (set RECPROF_SHARED)")
+    return path
+
+
 def run_torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300) -> None:
     """Run a real multi-process job under torchrun on CPU, failing the test with its output."""
     import socket

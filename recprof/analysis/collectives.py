@@ -55,6 +55,10 @@ class CollectiveRecords:
     sends: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))  # per peer
     #: Per instance: its purpose was inferred from the trace, not read from a label.
     inferred: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: Where the trace measures it (HCCL): each instance's wait as the vendor counts it (NaN
+    #: elsewhere) and its wait per peer before moving data ({peer: us}, None elsewhere).
+    wait: np.ndarray = field(default_factory=lambda: np.empty(0))
+    peer_wait: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
 
     def stats_key(self, i: int) -> StatsKey:
         return self.kind[i], self.group[i], self.purpose[i] if self.purpose else UNKNOWN_PURPOSE
@@ -120,12 +124,16 @@ def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Wind
         union = IntervalSet.of(acts.start[sel], acts.end[sel])
         exposed_kind[kind] = union.subtract(unions.compute).total()
     spans = IntervalSet.of(acts.start[idx], acts.end[idx])
+    measured = acts.coll_wait is not None and acts.coll_peer_wait is not None
     return CollectiveRecords(step=numbers, kind=kinds, group=groups,
                              nbytes=acts.coll_bytes[idx], start=acts.start[idx],
                              end=acts.end[idx], exposed_by_key=exposed,
                              origin_us=trace.header.origin_us,
                              compute=unions.compute.intersect(spans), purpose=carried,
                              sends=acts.coll_sends[idx], exposed_by_kind=exposed_kind,
+                             wait=acts.coll_wait[idx] if measured else np.full(idx.size, np.nan),
+                             peer_wait=(acts.coll_peer_wait[idx] if measured
+                                        else np.full(idx.size, None, dtype=object)),
                              inferred=inferred[idx])
 
 

@@ -148,6 +148,9 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
                       highlight=False)
     elif len(job.ranks) > 1 and job.skew.straggler_rule:
         console.print(f"  [bold]skew:[/] {escape(job.skew.straggler_rule)}", highlight=False)
+    if job.peer_waits is not None and job.peer_waits.rule:
+        console.print(f"  [bold]waits per peer:[/] {escape(job.peer_waits.rule)}",
+                      highlight=False)
     if any(r.rank_inferred for r in job.ranks):
         console.print("  * rank inferred (the trace has no distributedInfo rank)")
     _print_findings(job, console)

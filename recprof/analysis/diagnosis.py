@@ -35,6 +35,7 @@ from recprof.analysis.frameworks import (
     FEWER_REDUCTIONS,
     H2D,
     HELD,
+    LATE_RANK,
     LAUNCH,
     LOCALITY,
     OVERLAP,
@@ -45,7 +46,7 @@ from recprof.analysis.frameworks import (
 )
 from recprof.analysis.model import CollectiveStats, Finding, SharedDevice
 from recprof.nestpipe.knobs import searched_by_default
-from recprof.trace.devices import facts as device_facts
+from recprof.trace.devices import of_document as device_facts
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
 if TYPE_CHECKING:
@@ -177,6 +178,14 @@ class JobFacts:
     has_embedding_exchange: bool = False
     #: Ranks that share one physical device (recprof/analysis/sharing.py).
     shared_devices: list[SharedDevice] = field(default_factory=list)
+    #: The peer the traces measure the others waiting for (analysis/peer_waits.py), when the
+    #: straggler rule named nobody: its rank, whether its trace is here, its cost per step, the
+    #: rule as applied, and its blocking wait per collective kind (mean over ranks per step).
+    late_peer: int | None = None
+    late_peer_present: bool = True
+    late_peer_cost_us_per_step: float = 0.0
+    late_peer_rule: str = ""
+    late_peer_blocking_by_kind: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_us(self) -> float:
@@ -279,9 +288,11 @@ class _ExposedSplit:
 
 def _exposed_split(facts: JobFacts, kinds: list[str]) -> _ExposedSplit:
     exposed = sum(_exposed_by_kind(facts).get(k, 0.0) for k in kinds)
+    late = sum(facts.straggler_blocking_by_kind.get(k, 0.0)
+               + facts.late_peer_blocking_by_kind.get(k, 0.0) for k in kinds)
     return _ExposedSplit(
         exposed=exposed,
-        straggler=min(sum(facts.straggler_blocking_by_kind.get(k, 0.0) for k in kinds), exposed),
+        straggler=min(late, exposed),
         blocking_wait=sum(facts.blocking_wait_by_kind.get(k, 0.0) for k in kinds),
         blocking_transfer=sum(facts.blocking_transfer_by_kind.get(k, 0.0) for k in kinds),
     )
@@ -293,8 +304,9 @@ def _split_evidence(facts: JobFacts, split: _ExposedSplit) -> str:
             f"data and {_ms(split.blocking_wait)} waiting for later ranks, with nothing else to "
             f"do (the rest: enqueue and unmatched calls)")
     if split.straggler > 0:
-        text += (f"; {_ms(split.straggler)} of the waiting is rank {facts.straggler_rank} being "
-                 f"late, counted by the straggler finding, not here")
+        late = facts.straggler_rank if facts.straggler_rank is not None else facts.late_peer
+        text += (f"; {_ms(split.straggler)} of the waiting is rank {late} being late, counted "
+                 f"by its own finding, not here")
     return text
 
 
@@ -447,6 +459,33 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
     )
 
 
+def rule_late_peer(facts: JobFacts) -> Finding | None:
+    """One peer keeps the others waiting inside their collectives, as their own traces measure
+    it (HCCL's per-link waits), whether or not its trace is among those analysed.
+
+    Where every rank's trace is here and the straggler rule names one, that finding covers it;
+    this one speaks when it named nobody, above all for the ranks whose traces are missing,
+    which matching calls across ranks cannot see. The cost is the measured blocking wait for
+    that peer, the mean over the ranks present (analysis/peer_waits.py).
+    """
+    if facts.late_peer is None or facts.straggler_rank is not None:
+        return None
+    p, cost, step = facts.late_peer, facts.late_peer_cost_us_per_step, facts.step_us
+    missing = "" if facts.late_peer_present else " (its trace is not among those analysed)"
+    kinds = ", ".join(f"{_kind_words(k)} {_ms(v)}" for k, v in
+                      sorted(facts.late_peer_blocking_by_kind.items(), key=lambda kv: -kv[1]))
+    return _finding(
+        facts, id="late_peer", title=f"Waiting for rank {p}{missing}",
+        headline=(f"the ranks wait {_ms(cost)} per step ({_pct(cost, step):.0f}% of the step) "
+                  f"for rank {p} to reach the collectives{missing}"),
+        evidence=[facts.late_peer_rule,
+                  f"blocking wait for rank {p} per step, by collective kind: {kinds}"],
+        estimate=(f"if rank {p} arrived with the others, up to {_ms(cost)} per step: the "
+                  f"blocking wait measured for it, the mean over the ranks present"),
+        recoverable_us=cost, mechanisms=(LATE_RANK,),
+    )
+
+
 def rule_small_messages(facts: JobFacts) -> Finding | None:
     """Many small collectives far below the bandwidth the same kind reaches on big messages.
 
@@ -527,10 +566,10 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)  # what a cause must reach to count
     if host < floor:
         return None
-    words = device_facts(facts.device_kind)
-    cpu = not words.queues_work  # the "device" is the thread itself: nothing is launched
+    device = device_facts(facts.device_kind)
+    cpu = not device.queues_work  # the "device" is the thread itself: nothing is launched
     launch_words = "host overhead between ops" if cpu else "host-bound launch"
-    idles = f"the {words.device} idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step)"
+    idles = f"the {device.device} idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step)"
     # The smaller cause gets its own remedies too where it alone would pass the thresholds:
     # a ResNet50 on V100 (kineto_tb_plugin 2021-01, num_workers=0) idled 58 ms per 214 ms
     # step on launches and 47 ms on its DataLoader, and was told only about launches.
@@ -539,12 +578,12 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
         mechanisms = (DATA, LAUNCH) if data >= launch else (LAUNCH, DATA)
         causes = sorted(((data, "input data"), (launch, launch_words)), reverse=True)
         title = ("Main thread waiting for input data and between ops" if cpu else
-                 f"{words.device} idle, waiting for input data and for the host to launch work")
+                 f"{device.device} idle, waiting for input data and for the host to launch work")
         headline = f"{idles} on the host: " + " and ".join(
             f"{words} {_ms(us)}" for us, words in causes)
     elif data >= launch:
         mechanisms = (DATA,)
-        title = f"{words.device.capitalize()} idle, waiting for input data"
+        title = f"{device.device.capitalize()} idle, waiting for input data"
         headline = f"{idles} waiting for input data"
     else:
         mechanisms = (LAUNCH,)
@@ -553,7 +592,7 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
             headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
                         f"({_ms(host)} per step) between ops, in Python and framework overhead")
         else:
-            title = f"{words.device} idle, waiting for the host to launch work"
+            title = f"{device.device} idle, waiting for the host to launch work"
             headline = f"{idles} waiting for the host to launch work"
     remedy_words = ("feeding the steps and cutting the host overhead" if both else
                     "feeding the steps" if data >= launch else "cutting that overhead")
@@ -656,6 +695,7 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_embedding_comm,
     rule_exposed_dense_comm,
     rule_straggler,
+    rule_late_peer,
     rule_small_messages,
     rule_exposed_h2d,
     rule_host_idle,
@@ -817,4 +857,18 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         run_dir=job.run.run_dir if job.run else None,
         has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
         shared_devices=list(job.shared_devices),
+        **_late_peer_facts(job),
     )
+
+
+def _late_peer_facts(job: JobAnalysis) -> dict[str, object]:
+    """The late peer's `JobFacts` fields, where the traces measured one and the straggler rule
+    (which would cover it) named nobody."""
+    waits = job.peer_waits
+    if waits is None or waits.late_peer is None or job.skew.straggler_rank is not None:
+        return {}
+    peer = next(p for p in waits.peers if p.rank == waits.late_peer)
+    return {"late_peer": waits.late_peer, "late_peer_present": peer.present,
+            "late_peer_cost_us_per_step": waits.late_peer_cost_us_per_step,
+            "late_peer_rule": waits.rule,
+            "late_peer_blocking_by_kind": dict(waits.late_peer_blocking_us_per_step_by_kind)}

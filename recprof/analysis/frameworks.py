@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from recprof.trace.devices import facts as device_facts
+from recprof.trace.devices import of_document as device_facts
 
 #: Most specific first: a job showing several signatures is the first of them.
 PRECEDENCE = ("nestpipe", "torchrec", "megatron", "fsdp", "ddp")
@@ -77,6 +77,7 @@ LAUNCH = "launch"  # GPU: fewer, cheaper kernel launches
 HOST = "host"  # CPU: less host work between ops
 DEVICE = "device"  # one device per rank (ranks that share one)
 HELD = "held"  # find what holds the device while launched work waits
+LATE_RANK = "late_rank"  # find out why one rank arrives late (its trace may be missing)
 
 
 @dataclass(frozen=True)
@@ -260,25 +261,58 @@ _GENERAL = {
 }
 
 
+_GENERAL[LATE_RANK] = Remedy(
+    ("DataLoader num_workers",),
+    "Profile the late rank too (its own trace says what delays it: data loading, host launches, "
+    "a slower device) and even out what differs, first of all its input pipeline.")
+
+#: Where the device, not the framework, decides the knob: general PyTorch advice is in CUDA's
+#: words (CUDA graphs), and an Ascend NPU job turns other knobs (torch_npu's and CANN's
+#: environment: TASK_QUEUE_ENABLE, CPU_AFFINITY_CONF; graph capture through torchair or
+#: torch.npu.NPUGraph). Consulted for the general remedies only: a framework's own knobs
+#: (the built-in trainer's batch_size) stay what they are.
+DEVICE_REMEDIES: dict[tuple[str, str], Remedy] = {
+    ("npu", LAUNCH): Remedy(
+        ("TASK_QUEUE_ENABLE=2", "CPU_AFFINITY_CONF=2", "torchair (torch.compile backend)",
+         "torch.npu.NPUGraph"),
+        "The NPU waits for the host to issue work: TASK_QUEUE_ENABLE=2 moves more of "
+        "torch_npu's operator dispatch off the Python thread, CPU_AFFINITY_CONF=2 binds its "
+        "dispatch threads to their own cores, and capturing the step as a graph (torch.compile "
+        "with torchair's NPU backend, or torch.npu.NPUGraph) removes per-operator launches."),
+    ("npu", LATE_RANK): Remedy(
+        ("CPU_AFFINITY_CONF=1", "DataLoader num_workers"),
+        "Profile the late rank too (torch_npu.profiler on every rank): its own trace says what "
+        "delays it. On a shared host, ranks whose host threads compete for the same cores "
+        "arrive late at random: CPU_AFFINITY_CONF=1 (or 2) binds each rank to the cores of its "
+        "NPU's NUMA node; give its DataLoader enough workers."),
+}
+_DEVICE_NEUTRAL = {LAUNCH: _GENERIC_LAUNCH, LATE_RANK: _GENERAL[LATE_RANK]}
+
+
 def remedy(framework: str, mechanism: str, device_kind: str) -> Remedy:
     """The knobs and advice for `mechanism` in `framework`, in CPU words on a CPU run and in
-    the device kind's words (recprof/trace/devices.py) where the advice names the device."""
+    the device's own words where general advice depends on it (`DEVICE_REMEDIES`)."""
     table = REMEDIES.get(framework, _GENERAL)
     if mechanism == LAUNCH and device_kind == "cpu":
         mechanism = HOST
-    found = table[mechanism]
+    chosen = table.get(mechanism, _GENERAL[mechanism])
+    if chosen is _DEVICE_NEUTRAL.get(mechanism):
+        return DEVICE_REMEDIES.get((device_kind, mechanism), chosen)
     if mechanism in (DEVICE, HELD):
         words = device_facts(device_kind)
         sharing = (f" Where sharing is intended, {words.concurrent_sharing} lets the ranks' "
                    f"kernels run side by side instead of in turns."
                    if words.concurrent_sharing else "")
-        return Remedy(found.knobs, found.advice.format(device=words.device, sharing=sharing))
-    return found
+        return Remedy(chosen.knobs, chosen.advice.format(device=words.device, sharing=sharing))
+    return chosen
 
 
-def knobs_of(framework: str) -> set[str]:
-    """Every knob name a finding may offer for `framework`."""
-    return {k for r in REMEDIES.get(framework, _GENERAL).values() for k in r.knobs}
+def knobs_of(framework: str, device_kind: str | None = None) -> set[str]:
+    """Every knob name a finding may offer for `framework` (on `device_kind`, when given)."""
+    table = {**_GENERAL, **REMEDIES.get(framework, _GENERAL)}
+    if device_kind is None:
+        return {k for r in table.values() for k in r.knobs}
+    return {k for m in table for k in remedy(framework, m, device_kind).knobs}
 
 
 def nestpipe_config(command: list[str], cwd: str | None) -> str | None:

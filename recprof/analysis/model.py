@@ -117,7 +117,7 @@ class TimelineEvent:
     lane: int
     start_us: float  # relative to the timeline's step start
     dur_us: float
-    category: str  # compute | comm | copy_h2d | copy_d2h | copy_d2d | other
+    category: str  # compute | comm | comm_wait | copy_h2d | copy_d2h | copy_d2d | other
     name: str
     collective: str | None = None
 
@@ -311,6 +311,35 @@ class SkewAnalysis:
 
 
 @dataclass
+class PeerWait:
+    """How long the ranks present waited for one peer before moving data, as their own traces
+    measure it (HCCL: Notify_Wait tasks on the plane that links them, before its first
+    transfer; analysis/peer_waits.py). Per step, the mean over the ranks that measured it."""
+
+    rank: int
+    present: bool  # its own trace is among those analysed
+    wait_us_per_step: float
+    blocking_us_per_step: float  # the part with no compute of the waiting rank under it
+    last_count: int  # collectives it arrived last at (peer_waits.LAST_MIN_US, _SHARE)
+    waiting_ranks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PeerWaits:
+    """Waits for each peer measured inside the traces (where the format records them), and the
+    peer that holds the others back, named by the straggler's thresholds even when its own
+    trace is not there (`rule` says how the rule applied)."""
+
+    instances: int  # collective instances whose waits were measured
+    peers: list[PeerWait] = field(default_factory=list)  # most blocking first
+    late_peer: int | None = None
+    late_peer_cost_us_per_step: float = 0.0
+    late_peer_blocking_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
+    steps: int = 0  # steps the measurement covers (the most any rank analysed)
+    rule: str = ""
+
+
+@dataclass
 class Finding:
     """One diagnosed bottleneck: what it costs, the evidence, and what to change.
 
@@ -425,6 +454,8 @@ class JobAnalysis:
     #: Groups of 2+ ranks on one physical device; [] when every rank has its own (or no
     #: evidence says otherwise).
     shared_devices: list[SharedDevice] = field(default_factory=list)
+    #: Waits per peer measured inside the traces (HCCL), None where no trace measures them.
+    peer_waits: PeerWaits | None = None
 
     @property
     def world(self) -> int:

@@ -28,6 +28,7 @@ from recprof.analysis.frameworks import detect
 from recprof.analysis.idle import DEVICE_HELD, idle_gaps
 from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
 from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis, SharedDevice
+from recprof.analysis.peer_waits import measured_waits, peer_waits
 from recprof.analysis.run_context import rank_metas, read_run_context
 from recprof.analysis.sharing import shared_devices
 from recprof.analysis.skew import analyze_skew
@@ -42,7 +43,7 @@ from recprof.analysis.timeline import (
 )
 from recprof.analysis.windows import step_windows
 from recprof.errors import RecprofError
-from recprof.trace import build_rank_trace, read_trace
+from recprof.trace import ascend, build_rank_trace, read_trace
 from recprof.trace.model import TraceHeader
 from recprof.trace.reader import TraceFileError, is_trace_file
 
@@ -62,8 +63,9 @@ class RankOutcome:
 
 def discover(paths: Sequence[Path]) -> list[Path]:
     """Trace files named by `paths`. In a folder, `*.pt.trace.json[.gz]` files win when any
-    exist (a capture run folder also holds manifests and step logs); otherwise every
-    `.json`/`.json.gz` file is taken."""
+    exist (a capture run folder also holds manifests and step logs), then torch_npu's
+    timelines (`ASCEND_PROFILER_OUTPUT/trace_view.json`, beside summaries that are not
+    traces); otherwise every `.json`/`.json.gz` file is taken."""
     files: list[Path] = []
     for path in paths:
         path = Path(path)
@@ -72,7 +74,7 @@ def discover(paths: Sequence[Path]) -> list[Path]:
         elif path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and is_trace_file(p))
             kineto = [p for p in found if ".pt.trace.json" in p.name]
-            files.extend(kineto or found)
+            files.extend(kineto or ascend.trace_files(found) or found)
             if not found:
                 raise RecprofError(f"{path}: folder holds no .json or .json.gz trace files")
         elif path.exists():
@@ -229,6 +231,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
                   for name, members_ in h.process_groups.items()}
         hosts = {ranks[i]: headers[i].host for i in members}
         skew, waits = analyze_skew(records, analyses, hosts)
+        waits = measured_waits(records, waits)
         stats, samples = job_collectives(records, groups, world or len(analyses), waits)
         for analysis in analyses:
             analysis.collectives = rank_collectives(records[analysis.rank], waits, analysis.rank)
@@ -254,6 +257,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
                                   MAX_PEER_MATRIX_RANKS),
             exposed_comm_us_per_step_by_kind=_exposed_by_kind(records, analyses),
             shared_devices=_shared_devices({ranks[i]: headers[i] for i in members}, analyses),
+            peer_waits=peer_waits(records, analyses, _mean_step(analyses)),
         ))
         _keep_chosen_timelines(job, steps, executor)
         jobs.append(job)
@@ -267,6 +271,12 @@ def _shared_devices(headers: dict[int, TraceHeader], analyses: list[RankAnalysis
     held = {a.rank: a.idle_gaps.by_cause_us.get(DEVICE_HELD, 0.0) / a.totals.step
             for a in analyses if a.totals.step > 0}
     return shared_devices(headers, rank_metas({a.rank: a.file for a in analyses}), held)
+
+
+def _mean_step(analyses: list[RankAnalysis]) -> float:
+    """The mean step over every step of every rank (the straggler rule's denominator)."""
+    steps = [s.step for a in analyses for s in a.steps]
+    return sum(steps) / len(steps) if steps else 0.0
 
 
 def _exposed_by_kind(records: dict[int, CollectiveRecords], analyses: list[RankAnalysis]

@@ -28,6 +28,8 @@ _CATEGORY = {
     ActivityClass.COPY_D2D: "copy_d2d",
     ActivityClass.OTHER: "other",
 }
+#: The category of a collective's sub-task that waits for a peer (HCCL's Notify_Wait).
+WAITING = "comm_wait"
 
 
 def evenly_spaced(ranks: list[int], count: int) -> list[int]:
@@ -62,30 +64,43 @@ def build_timeline(trace: RankTrace, unions: ClassUnions, window: Window | None)
     acts = trace.activities
     start, end = window.start, window.end
     inside = np.flatnonzero((acts.end > start) & (acts.start < end))
-    clipped_start = np.maximum(acts.start[inside], start)
-    durations = np.minimum(acts.end[inside], end) - clipped_start
+    names = acts.name[inside]
+    lanes = acts.lane[inside]
+    begins, ends = acts.start[inside], acts.end[inside]
+    categories = [_CATEGORY[ActivityClass(int(k))] for k in acts.klass[inside]]
+    collectives = [COLLECTIVE_KINDS[k] if k >= 0 else None for k in acts.coll_kind[inside]]
+    sub = trace.subtasks
+    if sub is not None and len(sub):
+        # What collectives do inside their span (HCCL's plane tasks): drawn, never counted.
+        within = np.flatnonzero((sub.end > start) & (sub.start < end))
+        names = np.concatenate([names, sub.name[within]])
+        lanes = np.concatenate([lanes, sub.lane[within]])
+        begins = np.concatenate([begins, sub.start[within]])
+        ends = np.concatenate([ends, sub.end[within]])
+        categories += [WAITING if w else "comm" for w in sub.waiting[within]]
+        collectives += [COLLECTIVE_KINDS[k] if k >= 0 else None for k in sub.coll_kind[within]]
+    clipped_start = np.maximum(begins, start)
+    durations = np.minimum(ends, end) - clipped_start
+    chosen = np.arange(durations.size)
     dropped = 0
     dropped_us = 0.0
-    if inside.size > MAX_TIMELINE_EVENTS:
+    if chosen.size > MAX_TIMELINE_EVENTS:
         keep = np.argsort(-durations, kind="stable")[:MAX_TIMELINE_EVENTS]
-        mask = np.zeros(inside.size, dtype=bool)
+        mask = np.zeros(chosen.size, dtype=bool)
         mask[keep] = True
-        dropped = int(inside.size - MAX_TIMELINE_EVENTS)
+        dropped = int(chosen.size - MAX_TIMELINE_EVENTS)
         dropped_us = float(durations[~mask].sum())
-        inside, clipped_start, durations = inside[mask], clipped_start[mask], durations[mask]
-    lane_ids = sorted({int(acts.lane[i]) for i in inside})
+        chosen = chosen[mask]
+    lane_ids = sorted({int(lanes[i]) for i in chosen})
     lane_pos = {lane: pos for pos, lane in enumerate(lane_ids)}
-    events = []
-    for j, i in enumerate(inside):
-        kind = int(acts.coll_kind[i])
-        events.append(TimelineEvent(
-            lane=lane_pos[int(acts.lane[i])],
-            start_us=float(clipped_start[j] - start),
-            dur_us=float(durations[j]),
-            category=_CATEGORY[ActivityClass(int(acts.klass[i]))],
-            name=trace.names[acts.name[i]][:MAX_NAME],
-            collective=COLLECTIVE_KINDS[kind] if kind >= 0 else None,
-        ))
+    events = [TimelineEvent(
+        lane=lane_pos[int(lanes[i])],
+        start_us=float(clipped_start[i] - start),
+        dur_us=float(durations[i]),
+        category=categories[i],
+        name=trace.names[names[i]][:MAX_NAME],
+        collective=collectives[i],
+    ) for i in chosen.tolist()]
     exposed = unions.comm.clip(start, end).subtract(unions.compute)
     return Timeline(
         step=window.number, start_us=start, dur_us=window.length,

@@ -15,7 +15,7 @@ from recprof import terminal
 from recprof.capture import layout
 from recprof.capture.finish import analyze_and_report
 from recprof.capture.launcher import job_env, run_job
-from recprof.capture.layout import ExitStatus, RunStatus, Schedule
+from recprof.capture.layout import ExitStatus, RunStatus, Schedule, WindowStart
 from recprof.capture.manifest import build_manifest, write_manifest
 from recprof.capture.progress import EventTail
 from recprof.errors import RecprofError
@@ -40,8 +40,14 @@ def capture(
         typer.Option("--out", help="Run folder [default: recprof-runs/<time>-<command>]"),
     ] = None,
     wait: Annotated[
-        int, typer.Option(min=0, help="Steps to skip before warming up.")
-    ] = DEFAULT.wait,
+        str, typer.Option(help="Steps to skip before warming up, or `auto`: start once every "
+                          "rank's step times have settled (the last two blocks of 5 steps agree "
+                          "within 10%), after at most --max-wait steps.")
+    ] = layout.AUTO,
+    max_wait: Annotated[
+        int, typer.Option(min=0, help="With --wait auto: record after this many steps even if "
+                          "they have not settled (the summary then says so).")
+    ] = DEFAULT.max_wait,
     warmup: Annotated[
         int, typer.Option(min=0, help="Steps profiled but discarded.")
     ] = DEFAULT.warmup,
@@ -61,11 +67,18 @@ def capture(
 
     Each rank writes a trace of steps wait+warmup .. wait+warmup+active-1, a wall-time log of
     every step and its metadata; the run's manifest says what was captured and what is missing.
+    By default (--wait auto) the window starts once the steps have settled, at the same step on
+    every rank; --wait N fixes it.
+
+    Example: recprof capture --wait 20 --active 10 -- torchrun --nproc_per_node 8 train.py
+
     Exits with the job's exit status, or 3 when the job exited 0 but no trace was captured.
     """
     if not command:
         raise RecprofError("no command to run: recprof capture [OPTIONS] -- CMD ARGS...")
-    if wait + warmup < 1:
+    schedule = Schedule(wait=_wait(wait), warmup=warmup, active=active, with_stack=with_stack,
+                        max_wait=max_wait)
+    if schedule.wait is not None and schedule.wait + warmup < 1:
         raise RecprofError(
             "--wait + --warmup must be at least 1, so recording starts after the first step "
             "(when the process group exists)"
@@ -79,13 +92,14 @@ def capture(
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
 
     console = Console(stderr=True, highlight=False)
-    schedule = Schedule(wait=wait, warmup=warmup, active=active, with_stack=with_stack)
     write_manifest(run_dir, build_manifest(run_dir, command, schedule, job=None))
-    first, last = schedule.window_steps
-    console.print(
-        f"[bold cyan]recprof capture[/] into [bold]{escape(str(run_dir))}[/]: "
-        f"steps {first}-{last} of every rank are recorded"
-    )
+    if schedule.auto:
+        when = (f"{active} steps of every rank are recorded once their step times settle "
+                f"(at most after {max_wait} steps)")
+    else:
+        first, last = schedule.window_steps
+        when = f"steps {first}-{last} of every rank are recorded"
+    console.print(f"[bold cyan]recprof capture[/] into [bold]{escape(str(run_dir))}[/]: {when}")
 
     tail = EventTail(run_dir, console)
     job = run_job(
@@ -111,6 +125,19 @@ def capture(
             console.print(f"[yellow]recprof: {escape(outcome.note)}[/]")
         write_manifest(run_dir, manifest)
     raise typer.Exit(exit_status(console, manifest, job.returncode))
+
+
+def _wait(option: str) -> int | None:
+    """`--wait`: a number of steps, or None for `auto`."""
+    if option == layout.AUTO:
+        return None
+    try:
+        steps = int(option)
+    except ValueError:
+        steps = -1
+    if steps < 0:
+        raise RecprofError(f"--wait takes a number of steps (0 or more) or auto, not {option!r}")
+    return steps
 
 
 def exit_status(console: Console, manifest: dict[str, Any], job_returncode: int) -> int:
@@ -157,9 +184,19 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
     for r in manifest["ranks"]:
         if not r.get("missing") and r["outcome"] != "trace complete":
             console.print(f"[yellow]rank {r['rank']}:[/] {escape(r['outcome'])}")
+    start = manifest["capture"].get("window_start") or {}
+    capped = [r for r, s in start.get("ranks", {}).items()
+              if start.get("reason") == WindowStart.CAP
+              or (isinstance(s, dict) and s.get("reason") == WindowStart.CAP)]
+    if capped:
+        console.print(f"[yellow]window:[/] recorded without waiting for the steps to settle on "
+                      f"rank(s) {', '.join(capped)}: they had not settled after "
+                      f"{manifest['capture']['max_wait']} steps (--max-wait)")
     window = manifest.get("window_check")
     if window and window["warning"]:
         console.print(f"[yellow]window:[/] {escape(window['warning'])}")
+    elif window and window.get("note"):
+        console.print(f"window: {escape(window['note'])}")
     status = manifest["status"]
     colour = "green" if status == RunStatus.COMPLETED else "red"
     why = f": {manifest['exit_explanation']}" if manifest.get("exit_explanation") else ""

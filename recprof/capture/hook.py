@@ -131,12 +131,15 @@ def _torch_optimizer_exists() -> bool:
 
     torch keeps no registry of optimizers, so this walks the objects the garbage collector
     tracks (optimizers are among them); measured once per rank at start-up, not per step.
+    The test is on `type(o)`: `isinstance` also reads `o.__class__`, which for some objects runs
+    code of theirs (torch.distributed's deprecated `reduce_op` printed a FutureWarning into the
+    job's output, once per rank).
     """
     optim = sys.modules.get("torch.optim")
     if optim is None:
         return False
     optimizer = optim.Optimizer
-    return any(isinstance(o, optimizer) for o in gc.get_objects())
+    return any(issubclass(type(o), optimizer) for o in gc.get_objects())
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -187,14 +190,16 @@ class RankCapture:
             steps_logged=lambda: self.clock.steps_logged,
             superseded=self.superseded,
         )
-        self.window = ProfilerWindow(run_dir, host, schedule, self.meta, self.voice)
+        # The clock first: the window writes the metadata, which asks the clock how far it got.
         self.clock = StepClock(
             layout.steps_path(run_dir, rank),
-            on_boundary=self.window.at_boundary,
-            phase_of=self.window.phase_of,
+            on_boundary=lambda step, job_s: self.window.at_boundary(step, job_s),
+            phase_of=lambda step: self.window.phase_of(step),
             on_source=self.meta.set_step_source,
             optimizer_exists=_torch_optimizer_exists,
         )
+        self.window = ProfilerWindow(run_dir, host, schedule, self.meta, self.voice,
+                                     charge_hook=self.clock.charge_hook)
         self.closed = False
         self.exit: dict[str, Any] | None = None
         self.exit_code: int | None = None

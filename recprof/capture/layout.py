@@ -9,6 +9,7 @@ them. No torch import.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import os
@@ -90,6 +91,7 @@ class EventKind(enum.StrEnum):
     """The `event` of a line in events.jsonl (what the launcher prints while the job runs)."""
 
     STARTED = "started"
+    SETTLED = "settled"  # --wait auto: the step the warm-up starts at, and why
     WINDOW = "window"  # recording starts
     TRACE = "trace"  # the trace file is written
     ASIDE = "aside"  # capture stepped aside
@@ -103,22 +105,47 @@ class EventKind(enum.StrEnum):
 STEADY_PROFILED_STEPS = 15
 
 
+#: `--wait auto` (the default): a rank that has run this many wait steps records from the next
+#: warm-up whether or not its steps have settled, and says so. Settling is usually decided by
+#: step 11-17 (the demo, the H100 captures in ../shared/gpu); a job still drifting after 30 steps
+#: is better recorded and flagged by the window check than not recorded at all.
+AUTO_WAIT_CAP = 30
+#: How `--wait auto` reads in options and in the environment.
+AUTO = "auto"
+
+
+class WindowStart(enum.StrEnum):
+    """Why recording started when it did (a rank's metadata `window_start.reason`)."""
+
+    FIXED = "fixed"  # an explicit --wait N
+    SETTLED = "settled"  # --wait auto: the steps settled (on every rank, where ranks agree)
+    CAP = "cap"  # --wait auto: AUTO_WAIT_CAP wait steps ran without settling
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The profiled window, in steps counted from the first step boundary, and what the profiler
-    records. The defaults are capture's defaults."""
+    records. The defaults are capture's defaults.
 
-    wait: int = 5
+    `wait` None is `--wait auto`: the ranks watch their step times and start the warm-up once
+    they have settled (capture/settle.py), after at most `max_wait` steps. The window's steps
+    are then known only at run time: `decided(wait)` is the schedule with the wait fixed, and
+    only such a schedule answers `first_active`, `end`, `window_steps` and `phase`.
+    """
+
+    wait: int | None = None
     warmup: int = 2
     active: int = 5
     with_stack: bool = False
+    max_wait: int = AUTO_WAIT_CAP
 
     @classmethod
     def from_env(cls) -> Schedule:
         """Read what the launcher put in the environment (`to_env`)."""
         default = cls()
+        wait = os.environ.get(ENV_WAIT, AUTO)
         return cls(
-            wait=int(os.environ.get(ENV_WAIT, default.wait)),
+            wait=None if wait == AUTO else int(wait),
             warmup=int(os.environ.get(ENV_WARMUP, default.warmup)),
             active=int(os.environ.get(ENV_ACTIVE, default.active)),
             with_stack=os.environ.get(ENV_WITH_STACK) == "1",
@@ -127,21 +154,35 @@ class Schedule:
     def to_env(self) -> dict[str, str]:
         """The environment variables that carry this schedule to the ranks."""
         return {
-            ENV_WAIT: str(self.wait),
+            ENV_WAIT: AUTO if self.wait is None else str(self.wait),
             ENV_WARMUP: str(self.warmup),
             ENV_ACTIVE: str(self.active),
             ENV_WITH_STACK: "1" if self.with_stack else "0",
         }
 
     @property
+    def auto(self) -> bool:
+        """Whether the wait is decided at run time (`--wait auto`)."""
+        return self.wait is None
+
+    @property
+    def wait_option(self) -> str:
+        """The `--wait` value as the user gives it: a number or `auto`."""
+        return AUTO if self.wait is None else str(self.wait)
+
+    def decided(self, wait: int) -> Schedule:
+        """This schedule with the wait fixed at `wait` steps."""
+        return dataclasses.replace(self, wait=wait)
+
+    @property
     def first_active(self) -> int:
         """First recorded step."""
-        return self.wait + self.warmup
+        return self._wait() + self.warmup
 
     @property
     def end(self) -> int:
         """First step after the window."""
-        return self.wait + self.warmup + self.active
+        return self._wait() + self.warmup + self.active
 
     @property
     def window_steps(self) -> list[int]:
@@ -150,11 +191,16 @@ class Schedule:
 
     def phase(self, step: int) -> Phase:
         """The window phase a step falls in."""
-        if step < self.wait:
+        if step < self._wait():
             return Phase.WAIT
         if step < self.first_active:
             return Phase.WARMUP
         return Phase.ACTIVE if step < self.end else Phase.AFTER
+
+    def _wait(self) -> int:
+        if self.wait is None:
+            raise ValueError("the window of --wait auto is decided at run time: use decided()")
+        return self.wait
 
 
 TRACES = "traces"

@@ -20,7 +20,7 @@ from typing import Any
 from recprof.capture import layout, torchrun_record
 from recprof.capture.launcher import JobResult
 from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule
-from recprof.capture.window_check import check_window
+from recprof.capture.window_check import SETTLE_BLOCK, check_window
 from recprof.trace.reader import TraceFileError, read_trace
 
 SCHEMA = "recprof.capture.manifest/1"
@@ -58,10 +58,12 @@ def build_manifest(
         "status": _status(job),
         "command": command,
         "capture": {
-            "wait": schedule.wait,
+            "wait": schedule.wait_option,
             "warmup": schedule.warmup,
             "active": schedule.active,
-            "window_steps": schedule.window_steps,
+            "max_wait": schedule.max_wait if schedule.auto else None,
+            "window_steps": _window_steps(metas, schedule),
+            "window_start": _window_start(metas),
             "record_shapes": True,
             "with_stack": schedule.with_stack,
         },
@@ -85,6 +87,30 @@ def build_manifest(
         "analysis": None,
         "report": None,
     }
+
+
+def _window_steps(metas: list[dict[str, Any]], schedule: Schedule) -> list[int] | None:
+    """[first, last] recorded step: the schedule's for --wait N, else the one every rank decided
+    (None until they have, or if they differ: `window_start` per rank then says why)."""
+    if not schedule.auto:
+        return schedule.window_steps
+    decided = {tuple(m["window_steps"]) for m in metas if m.get("window_steps")}
+    return list(decided.pop()) if len(decided) == 1 else None
+
+
+def _window_start(metas: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Why recording started when it did: the decision the ranks share (wait, reason, how they
+    agreed; absent where they differ), and each rank's own reading of its steps."""
+    starts = {m["rank"]: m["window_start"] for m in metas if m.get("window_start")}
+    if not starts:
+        return None
+    shared: dict[str, Any] = {}
+    for key in ("wait", "reason", "agreed_by"):
+        values = {json.dumps(s.get(key)) for s in starts.values()}
+        if len(values) == 1 and len(starts) == len(metas):
+            shared[key] = next(iter(starts.values())).get(key)
+    ranks = {str(r): s if len(shared) < 3 else s.get("detail") for r, s in sorted(starts.items())}
+    return {**shared, "ranks": ranks}
 
 
 def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> Path:
@@ -238,7 +264,7 @@ def _missing_reason(
 ) -> str | None:
     prof = meta.get("profiler", {})
     status = prof.get("status")
-    first, last = meta.get("window_steps", [None, None])
+    first, last = meta.get("window_steps") or [None, None]
     if status == ProfilerStatus.WRITTEN:
         return None
     if status == ProfilerStatus.PARTIAL:
@@ -274,6 +300,12 @@ def _missing_reason(
         )
     status = ended.get("status")
     how = "ended" if status == ExitStatus.COMPLETED else f"ended ({status})"
+    if first is None:  # --wait auto, undecided
+        return (
+            f"no trace: the rank {how} after {steps_logged} steps, before its steps settled "
+            f"(--wait auto records once the last {2 * SETTLE_BLOCK} steps agree, after at most "
+            f"{meta.get('schedule', {}).get('max_wait', '?')} steps); give --wait N or run longer"
+        )
     return (
         f"no trace: the rank {how} after {steps_logged} steps, before the window "
         f"(steps {first}-{last}); lower --wait/--warmup or run longer"

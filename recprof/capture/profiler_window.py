@@ -1,24 +1,38 @@
 """The profiled window of one rank: torch.profiler from the first step to the trace file.
 
-The first step boundary creates and starts the profiler with `schedule(wait, warmup, active,
-repeat=1)`, so `ProfilerStep#N` in the trace is step N of the step log and `wait + warmup >= 1`
-puts the recording after the first training step, when the process group exists. Each boundary
-advances it; at the end of the window it exports (to a temporary name, then renamed, so no half
-file is ever seen) and is dropped. A rank that ends inside the window saves what it recorded
-(`close`). A job that starts its own profiler makes this one step aside, because two profilers
-on one thread fail ("Profiler is already enabled on this thread").
+The first step boundary creates and starts the profiler; its schedule is this window's own
+callable (`_action`), which answers what `torch.profiler.schedule(wait, warmup, active,
+repeat=1)` would, except that under `--wait auto` the wait is not known until the steps have
+settled (settle.py) and every step before that is a wait step. So `ProfilerStep#N` in the trace
+is step N of the step log, and `wait + warmup >= 1` puts the recording after the first training
+step, when the process group exists. Each boundary advances it; at the end of the window it
+exports (to a temporary name, then renamed, so no half file is ever seen) and is dropped. A
+rank that ends inside the window saves what it recorded (`close`). A job that starts its own
+profiler makes this one step aside, because two profilers on one thread fail ("Profiler is
+already enabled on this thread").
+
+The window ends as soon as the optimizer step whose post-hook marked the boundary has returned,
+not inside it: torch runs the post-hooks inside the step's own `Optimizer.step#...` range, and
+a profiler stopped while that range and one of the job's own (TorchRec's `## optimizer ##`, the
+trainer's `nestpipe:optimizer`) are both open prints a C++ warning per rank into the job's
+output ("collection.cpp: Warning: Optimizer.step#Adagrad.step").
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from recprof.capture import layout
-from recprof.capture.layout import EventKind, Phase, ProfilerStatus, Schedule
+from recprof.capture.layout import EventKind, Phase, ProfilerStatus, Schedule, WindowStart
 from recprof.capture.rank_meta import RankMeta
 from recprof.capture.rank_voice import RankVoice
+from recprof.capture.settle import Decision, SettleWatch, job_agreement
 
 # Once the profiler has reached one of these, the window is over for good.
 _SETTLED = (ProfilerStatus.STEPPED_ASIDE, ProfilerStatus.WRITTEN, ProfilerStatus.PARTIAL)
@@ -34,22 +48,34 @@ class ProfilerWindow:
         schedule: Schedule,
         meta: RankMeta,
         voice: RankVoice,
+        charge_hook: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self.run_dir = run_dir
+        # Tells the step clock about capture's own time spent outside a step boundary (the
+        # export, when the window ends after the optimizer step returns).
+        self.charge_hook = charge_hook
         self.host = host
-        self.schedule = schedule
         self.meta = meta
         self.voice = voice
         self.torch: Any = None  # set by `watch`, once the job has imported torch
         self.prof: Any = None  # torch.profiler.profile while the window is ahead or open
         self.step = -1  # the step now running
         self.partial = False
+        # The window with its wait decided: at once for --wait N, once settled for auto.
+        self.schedule = schedule
+        self.window: Schedule | None = None
+        self.settle: SettleWatch | None = None
+        if schedule.wait is None:
+            self.settle = SettleWatch(schedule, lambda: job_agreement(self.torch))
+        else:
+            self._decide(Decision(schedule.wait, WindowStart.FIXED, "the --wait option",
+                                  f"--wait {schedule.wait}"), announce=False)
 
     def phase_of(self, step: int) -> Phase:
         """A step's phase for the step log."""
         if self.meta.profiler_status in (ProfilerStatus.STEPPED_ASIDE, ProfilerStatus.FAILED):
             return Phase.UNPROFILED
-        return self.schedule.phase(step)
+        return self.window.phase(step) if self.window is not None else Phase.WAIT
 
     def watch(self, torch: Any) -> None:
         """Take torch, and wrap the profilers a script can start itself so that ours steps aside
@@ -76,10 +102,16 @@ class ProfilerWindow:
         torch.profiler.profile.start = start
         autograd_profiler.profile.__enter__ = enter
 
-    def at_boundary(self, step: int) -> None:
-        """Step `step` starts: start the profiler at the first, advance it at the others. A
-        profiler failure costs this rank its trace, never the training job."""
+    def at_boundary(self, step: int, finished_job_s: float | None = None) -> None:
+        """Step `step` starts (`finished_job_s`: the job's time of the step before it): decide
+        the window if it waits for the steps to settle, start the profiler at the first step,
+        advance it at the others. A profiler failure costs this rank its trace, never the
+        training job."""
         self.step = step
+        if self.settle is not None and self.window is None:
+            decision = self.settle.at_boundary(step, finished_job_s)
+            if decision is not None:
+                self._decide(decision)
         try:
             if step == 0:
                 self._start()
@@ -144,29 +176,69 @@ class ProfilerWindow:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        s = self.schedule
         self.prof = torch.profiler.profile(
             activities=activities,
-            schedule=torch.profiler.schedule(
-                wait=s.wait, warmup=s.warmup, active=s.active, repeat=1
-            ),
+            schedule=self._action,
             on_trace_ready=self._export,
             record_shapes=True,
-            with_stack=s.with_stack,
+            with_stack=self.schedule.with_stack,
             experimental_config=_all_threads(torch),
+            **_one_cycle(torch),
         )
         self.prof.preset_metadata_json("recprof_capture", f'{{"rank": {self.voice.rank}}}')
         self.prof.start()
 
+    def _decide(self, decision: Decision, announce: bool = True) -> None:
+        """The window starts its warm-up at step `decision.wait`: say when and why."""
+        self.window = self.schedule.decided(decision.wait)
+        self.meta.set_window(self.window, decision.to_json())
+        if announce:
+            self.voice.event(EventKind.SETTLED, step=decision.wait, reason=decision.reason,
+                             detail=decision.detail, first=self.window.first_active)
+
+    def _action(self, step: int) -> Any:
+        """The profiler's schedule: what `torch.profiler.schedule(wait, warmup, active,
+        repeat=1)` answers for step `step`, with every step a wait step until the window is
+        decided."""
+        action = self.torch.profiler.ProfilerAction
+        window = self.window
+        if window is None or step < window.first_active - window.warmup:
+            return action.NONE
+        if step < window.first_active:
+            return action.WARMUP
+        if step < window.end - 1:
+            return action.RECORD
+        return action.RECORD_AND_SAVE if step == window.end - 1 else action.NONE
+
     def _advance(self) -> None:
-        if self.step == self.schedule.first_active:
+        window = self.window
+        if window is not None and self.step == window.first_active:
             self.meta.record_runtime(self.torch)  # the process group surely exists by now
             self.meta.set_profiler(status=ProfilerStatus.RECORDING)
             self.voice.event(EventKind.WINDOW, step=self.step)
-        self.prof.step()  # exports at the end of the window (see _export)
-        if self.step >= self.schedule.end:
+        if window is None or self.step < window.end:
+            self.prof.step()
+            return
+        step_frame = _optimizer_step_frame()
+        if step_frame is None or sys.getprofile() is not None:  # not in a step, or profiled
+            self._end()
+        else:
+            _after_return(step_frame, self._end)
+
+    def _end(self) -> None:
+        """The boundary after the last recorded step: export (see _export) and drop the
+        profiler. Its time is capture's, not the job's, whenever it runs."""
+        started = time.perf_counter()
+        try:
+            self.prof.step()
             self.prof.stop()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.voice.warn(f"profiler failed, no trace from this rank: {error}")
+            self.meta.set_profiler(status=ProfilerStatus.FAILED, error=error)
+        finally:
             self.prof = None
+            self.charge_hook(time.perf_counter() - started)
 
     def _export(self, prof: Any) -> None:
         """on_trace_ready: write the trace via a temporary name so no half file is ever seen."""
@@ -174,8 +246,10 @@ class ProfilerWindow:
         tmp = path.with_name(path.name + ".tmp")
         prof.export_chrome_trace(str(tmp))
         os.replace(tmp, path)
-        first = self.schedule.first_active
-        last = min(self.step, self.schedule.end - 1)
+        window = self.window
+        assert window is not None  # the profiler saves only inside a decided window
+        first = window.first_active
+        last = min(self.step, window.end - 1)
         size = path.stat().st_size
         self.meta.set_profiler(
             status=ProfilerStatus.PARTIAL if self.partial else ProfilerStatus.WRITTEN,
@@ -184,6 +258,42 @@ class ProfilerWindow:
             steps=[first, last],
         )
         self.voice.event(EventKind.TRACE, bytes=size, steps=[first, last], partial=self.partial)
+
+
+def _optimizer_step_frame() -> FrameType | None:
+    """The frame of torch's `Optimizer.step` wrapper this call runs inside (its post-hooks run
+    within the step's profiler range), or None outside an optimizer step."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "wrapper" and code.co_filename.replace("\\", "/").endswith(
+                "torch/optim/optimizer.py"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _after_return(frame: FrameType, action: Callable[[], None]) -> None:
+    """Run `action` once `frame` has returned, on this thread: a profile function watches the
+    few calls until then and removes itself. Only used when no profile function is set (the
+    caller checks), so a job under cProfile keeps its own."""
+
+    def watch(current: FrameType, event: str, arg: Any) -> None:
+        if event == "return" and current is frame:
+            sys.setprofile(None)
+            action()
+
+    sys.setprofile(watch)
+
+
+def _one_cycle(torch: Any) -> dict[str, Any]:
+    """`acc_events=True` where torch has it. The window is one cycle, so there is nothing to
+    accumulate; but without it torch 2.11 warns once per rank, into the job's output, that
+    "Profiler clears events at the end of each cycle" (issue #35: the hook stays quiet)."""
+    import inspect
+
+    accepts = "acc_events" in inspect.signature(torch.profiler.profile.__init__).parameters
+    return {"acc_events": True} if accepts else {}
 
 
 def _all_threads(torch: Any) -> Any:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof.capture import layout
-from recprof.capture.layout import EventKind, ExitStatus
+from recprof.capture.layout import EventKind, ExitStatus, WindowStart
 
 
 class EventTail:
@@ -52,6 +52,12 @@ def describe(event: dict[str, Any]) -> str | None:
     who = f"[cyan]recprof[/] rank {rank}:"
     if kind == EventKind.STARTED:
         return f"{who} hooked (pid {event.get('pid')})"
+    if kind == EventKind.SETTLED:
+        why = ("steps settled" if event.get("reason") == WindowStart.SETTLED
+               else "steps not settled, recording anyway")
+        detail = escape(str(event.get("detail", "")))
+        return (f"{who} warming the profiler up from step {event.get('step')}, recording from "
+                f"step {event.get('first')} ({why}: {detail})")
     if kind == EventKind.WINDOW:
         return f"{who} recording from step {event.get('step')}"
     if kind == EventKind.TRACE:

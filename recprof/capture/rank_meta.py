@@ -47,7 +47,6 @@ class RankMeta:
         superseded: Callable[[], bool] = lambda: False,
     ) -> None:
         self.path = path
-        self.schedule = schedule
         self.steps_logged = steps_logged
         self.superseded = superseded  # a launcher's provisional rank 0 stops writing
         env = {
@@ -68,7 +67,9 @@ class RankMeta:
             "cores": usable_cores(),
             "machine": machine_id(),
             "env": env,
-            "schedule": asdict(schedule),
+            "schedule": {**asdict(schedule), "wait": schedule.wait_option},
+            "window_steps": None,  # [first, last] recorded step, once the wait is decided
+            "window_start": None,  # when and why recording starts (settle.Decision)
             "step_source": None,
             "profiler": {"status": ProfilerStatus.NOT_STARTED},
             "started_at": time.time(),
@@ -84,8 +85,13 @@ class RankMeta:
         if self.superseded():
             return
         self.data["steps_logged"] = self.steps_logged()
-        self.data["window_steps"] = self.schedule.window_steps
         layout.write_json_atomic(self.path, self.data)
+
+    def set_window(self, window: Schedule, start: dict[str, Any]) -> None:
+        """The window's steps, decided (`window` has its wait), and why it starts there."""
+        self.data["window_steps"] = window.window_steps
+        self.data["window_start"] = start
+        self.write()
 
     def set_step_source(self, source: StepSource) -> None:
         self.data["step_source"] = source

@@ -41,8 +41,9 @@ FORWARD_PATIENCE = 256
 class StepClock:
     """Turns optimizer steps, outermost forwards or `recprof.step()` calls into numbered steps.
 
-    `on_boundary(step)` runs at each boundary with the number of the step that starts (0 at the
-    first) and must not raise; `phase_of(step)` names a finished step's phase for its log line;
+    `on_boundary(step, finished_job_s)` runs at each boundary with the number of the step that
+    starts (0 at the first) and the job's own time of the step that ended (None at the first),
+    and must not raise; `phase_of(step)` names a finished step's phase for its log line;
     `on_source(source)` is told when the step source is chosen or changes;
     `optimizer_exists()` is asked once, at the first forward, whether the job built one.
     """
@@ -50,7 +51,7 @@ class StepClock:
     def __init__(
         self,
         log_path: Path,
-        on_boundary: Callable[[int], None],
+        on_boundary: Callable[[int, float | None], None],
         phase_of: Callable[[int], Phase],
         on_source: Callable[[StepSource], None],
         optimizer_exists: Callable[[], bool] = lambda: False,
@@ -127,6 +128,11 @@ class StepClock:
             self._set_source(StepSource.MANUAL)
         self._boundary()
 
+    def charge_hook(self, seconds: float) -> None:
+        """Capture's own time spent in the running step outside a boundary: it is the step's
+        `hook_s` too, not the job's."""
+        self._hook_s += seconds
+
     def close(self) -> None:
         """No more lines: the rank is ending."""
         self.log.close()
@@ -149,6 +155,7 @@ class StepClock:
         if self.log.closed:  # a forward or step from an exit handler that ran after ours
             return
         now = time.perf_counter()
+        finished_job_s = None
         if self.step >= 0:
             record = StepRecord(
                 step=self.step,
@@ -158,7 +165,8 @@ class StepClock:
                 t_end=time.time(),
             )
             self.log.write(record.to_line())
+            finished_job_s = record.job_s
         self.step += 1
         self._t_last = now
-        self.on_boundary(self.step)
+        self.on_boundary(self.step, finished_job_s)
         self._hook_s = time.perf_counter() - now

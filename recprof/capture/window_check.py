@@ -29,6 +29,50 @@ WINDOW_DEVIATION_LIMIT = 0.20
 # Fewer unprofiled steps than this give no steady state worth comparing with.
 MIN_STEADY_STEPS = 3
 
+# The same criterion online, for `--wait auto` (capture/settle.py): a rank's steps have settled
+# when the median of its last SETTLE_BLOCK steps is within SETTLE_TOLERANCE of the median of the
+# SETTLE_BLOCK before them. Half the window limit, so that a job still drifting by up to 10% per
+# block is not taken for settled; medians of 5, because single steps on a shared host jitter by
+# ±25% (the demo's wait steps: 15-25 ms around 20) and a per-step test would never pass.
+# Step 0 (start-up: compiling, allocating, the first batch) never counts.
+SETTLE_BLOCK = 5
+SETTLE_TOLERANCE = WINDOW_DEVIATION_LIMIT / 2
+SETTLE_SKIP = 1
+
+
+@dataclass(frozen=True)
+class Settling:
+    """Two consecutive blocks of steps compared (steps [first, last] and median seconds)."""
+
+    earlier: tuple[int, int, float]
+    latest: tuple[int, int, float]
+
+    @property
+    def settled(self) -> bool:
+        return abs(self.latest[2] / self.earlier[2] - 1) <= SETTLE_TOLERANCE
+
+    def describe(self) -> str:
+        """`steps 6-10 ran at 20.3 ms (median), within 10% of steps 1-5 (21.0 ms)`."""
+        (a0, a1, a), (b0, b1, b) = self.earlier, self.latest
+        relation = "within" if self.settled else "beyond"
+        return (f"steps {b0}-{b1} ran at {_duration(b)} (median), {relation} "
+                f"{SETTLE_TOLERANCE:.0%} of steps {a0}-{a1} ({_duration(a)})")
+
+
+def settling(job_s: Sequence[float]) -> Settling | None:
+    """The last two blocks of `job_s` (the job's time of steps 0, 1, 2, ... in order), or None
+    while too few steps have run to compare."""
+    n = len(job_s)
+    if n - SETTLE_SKIP < 2 * SETTLE_BLOCK:
+        return None
+    mid = n - SETTLE_BLOCK
+    start = mid - SETTLE_BLOCK
+    earlier = statistics.median(job_s[start:mid])
+    latest = statistics.median(job_s[mid:])
+    if earlier <= 0:
+        return None
+    return Settling((start, mid - 1, earlier), (mid, n - 1, latest))
+
 
 @dataclass(frozen=True)
 class WindowCheck:
@@ -45,6 +89,15 @@ class WindowCheck:
     settled_from: int | None  # first unprofiled step after the window that starts a steady run
     suggestion: str | None  # what to change, when the logs support a change
     warning: str | None  # one line for the summary; None when representative
+    # The unprofiled wait steps right before the warm-up, when the steady state is the steps
+    # after the window: [first, last] and their median.
+    before_steps: list[int] | None = None
+    before_median_s: float | None = None
+    # When the unprofiled steps on both sides of the window agree (the job ran at one pace
+    # around it), the recorded steps' excess over that pace is the profiler's own cost:
+    # window median / steady median - 1. None when the two sides do not agree.
+    profiler_overhead: float | None = None
+    note: str | None = None  # one line for the summary when the profiler's cost is the difference
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,38 +110,59 @@ def within_limit(value: float, reference: float) -> bool:
 
 def check_window(logs: Sequence[Sequence[StepRecord]], schedule: Schedule) -> WindowCheck | None:
     """Compare the recorded window with the steady state, or None when the logs hold no
-    recorded step or too few unprofiled ones to compare with."""
+    recorded step or too few unprofiled ones to compare with.
+
+    Recorded steps run slower than unprofiled ones by the profiler's own cost. When the
+    unprofiled steps right before the warm-up run at the pace of those after the window (within
+    SETTLE_TOLERANCE), the job was settled around the window and any difference inside it is
+    that cost: it is measured and stated, and the window is not called unrepresentative for it.
+    """
     times, phases = _per_step(logs)
     window = [s for s in sorted(times) if phases[s] == Phase.ACTIVE]
     after = [s for s in sorted(times) if phases[s] == Phase.AFTER]
-    before = [s for s in sorted(times) if phases[s] == Phase.WAIT]
+    waits = [s for s in sorted(times) if phases[s] == Phase.WAIT]
     if not window:
         return None
     if len(after) >= MIN_STEADY_STEPS:
         steady, steady_phase = after, Phase.AFTER
-    elif len(before) >= MIN_STEADY_STEPS:
-        steady, steady_phase = before, Phase.WAIT
+    elif len(waits) >= MIN_STEADY_STEPS:
+        steady, steady_phase = waits, Phase.WAIT
     else:
         return None
     window_median = statistics.median(times[s] for s in window)
     steady_median = statistics.median(times[s] for s in steady)
     if steady_median <= 0:
         return None
-    representative = within_limit(window_median, steady_median)
+    ratio = window_median / steady_median
+    before = _before_window(waits) if steady_phase == Phase.AFTER else []
+    before_median = statistics.median(times[s] for s in before) if before else None
+    settled_around = before_median is not None and abs(
+        before_median / steady_median - 1) <= SETTLE_TOLERANCE
+    overhead = ratio - 1 if settled_around else None
+    representative = within_limit(window_median, steady_median) or settled_around
     settled = (
         _settled_from([times[s] for s in after], after, len(window), steady_median)
         if steady_phase == Phase.AFTER
         else None
     )
     suggestion, advice = _advice(steady_phase, settled, after, schedule)
-    ratio = window_median / steady_median
-    warning = None
+    warning = note = None
     if not representative:
         warning = (
             f"recorded steps {window[0]}-{window[-1]} ran at {_duration(window_median)} per step "
             f"(median), {ratio:.2f}x the {_duration(steady_median)} of unprofiled steps "
             f"{steady[0]}-{steady[-1]}: the window is not representative of the run "
             f"(limit ±{WINDOW_DEVIATION_LIMIT:.0%}); {advice}"
+        )
+    elif (overhead is not None and before_median is not None
+          and not within_limit(window_median, steady_median)):
+        note = (
+            f"recorded steps {window[0]}-{window[-1]} ran at {_duration(window_median)} per step "
+            f"(median), {ratio:.2f}x the unprofiled steps around them (steps "
+            f"{before[0]}-{before[-1]}: {_duration(before_median)}, steps {steady[0]}-"
+            f"{steady[-1]}: {_duration(steady_median)}, within {SETTLE_TOLERANCE:.0%} of each "
+            f"other): the job was settled, the difference is the profiler's own cost "
+            f"({_signed_duration(window_median - steady_median)} per step, {overhead:+.0%})"
         )
     return WindowCheck(
         window_steps=[window[0], window[-1]],
@@ -100,9 +174,25 @@ def check_window(logs: Sequence[Sequence[StepRecord]], schedule: Schedule) -> Wi
         limit=WINDOW_DEVIATION_LIMIT,
         representative=representative,
         settled_from=settled,
-        suggestion=suggestion,
+        suggestion=suggestion if not representative else None,
         warning=warning,
+        before_steps=[before[0], before[-1]] if before else None,
+        before_median_s=round(before_median, 6) if before_median is not None else None,
+        profiler_overhead=round(overhead, 3) if overhead is not None else None,
+        note=note,
     )
+
+
+def _before_window(waits: list[int]) -> list[int]:
+    """The unprofiled wait steps that end right where the warm-up starts: the last two
+    SETTLE_BLOCKs of them (under --wait auto, the two blocks found settled), step 0 never; or
+    none when fewer than MIN_STEADY_STEPS ran. Ten steps, not five: their median is compared
+    with the steps after the window within SETTLE_TOLERANCE, and single steps jitter by ±25%."""
+    if not waits:
+        return []
+    last = waits[-1]
+    run = [s for s in waits if s >= max(SETTLE_SKIP, last - 2 * SETTLE_BLOCK + 1)]
+    return run if len(run) >= MIN_STEADY_STEPS and run == list(range(run[0], last + 1)) else []
 
 
 def _per_step(logs: Sequence[Sequence[StepRecord]]) -> tuple[dict[int, float], dict[int, Phase]]:
@@ -156,3 +246,7 @@ def _advice(
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+
+
+def _signed_duration(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "-") + _duration(abs(seconds))

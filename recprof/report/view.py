@@ -30,7 +30,7 @@ from recprof.report.sections import (
     SideBySide,
     Table,
 )
-from recprof.trace.devices import facts as device_facts
+from recprof.trace import devices
 from recprof.trace.vocabulary import PURPOSE_MEANING, STAGE_MEANING
 
 #: Largest idle gaps listed.
@@ -53,7 +53,7 @@ def job_shape(job: JobAnalysis) -> str:
     if job.ranks_missing:
         parts.append("missing ranks " + ", ".join(str(r) for r in job.ranks_missing))
     parts.append(f"backend {job.backend or 'unknown'}")
-    device = job.device_kind.upper() if job.device_kind in ("cpu", "cuda") else job.device_kind
+    device = devices.of_document(job.device_kind).kind_name
     if job.device_names:
         names = ", ".join(n for n in job.device_names if n) or "unnamed device"
         device += f" ({names})"
@@ -155,9 +155,10 @@ def _stages(job: JobAnalysis, anchor: str) -> Section:
         columns=[Column("stage"), Column("ms/step", True), Column("% of step", True),
                  Column("exposed ms/step", True), Column("range over ranks", True)],
         rows=[_stage_row(name, st, job) for name, st in job.stages.items()], css="stages")
+    work = devices.of_document(job.device_kind).work
     return Section(f"{anchor}-stages", title, [table], note=(
         "Each stage's time is the union of its activity per step (its labels' spans and the "
-        "kernels and collectives launched inside them), mean over ranks; exposed is the part "
+        f"{work} and collectives launched inside them), mean over ranks; exposed is the part "
         "no other stage's compute runs under. Stages overlap in a pipelined job (the next "
         "batch's input dist under this batch's forward), so the times do not add up to the "
         "step. Stage rules: docs/analysis.md, Stages."))
@@ -276,6 +277,34 @@ def _wait_table(job: JobAnalysis) -> Table:
               "that ran on this rank."))
 
 
+def _peer_waits(job: JobAnalysis) -> list:
+    """The waits for each peer that the collectives measured themselves (HCCL), where the
+    traces record them: who the ranks present waited for, their own traces here or not."""
+    waits = job.peer_waits
+    if waits is None or not waits.peers:
+        return []
+    library = devices.of_document(job.device_kind).collectives
+    rule = waits.rule[:1].upper() + waits.rule[1:]
+    rows = [[
+        Cell(str(p.rank), sort=p.rank),
+        Cell("yes" if p.present else "no, missing"),
+        _ms_cell(p.wait_us_per_step), _ms_cell(p.blocking_us_per_step, of=job.per_step.step),
+        Cell(f"{p.last_count} of {waits.instances}", sort=p.last_count, css="num"),
+        Cell(", ".join(map(str, p.waiting_ranks)), css="name"),
+    ] for p in waits.peers]
+    return [
+        Paragraph(f"Waits per peer, as the {library} collectives measured them: {rule}"),
+        Table(columns=[Column("peer rank"), Column("its trace here"),
+                       Column("waited for ms/step", True), Column("blocking", True),
+                       Column("arrived last", True), Column("ranks that waited")],
+              rows=rows, css="peer-waits",
+              note=(f"Each rank's {library} tasks wait for a peer's signal before moving data "
+                    f"on the link to it; that wait is measured in the waiting rank's own trace, "
+                    f"so a peer whose trace is missing is seen too. Per step, mean over the "
+                    f"ranks that waited; blocking where the waiting rank had no compute "
+                    f"(docs/ascend.md)."))]
+
+
 def _add_plot(blocks: list, figs: dict, plot_id: str, info: Any,
               draw: Callable[[Any], dict], note: Callable[[Any], str], heading: str) -> None:
     """Append a figure's block when its data function found something to draw (`info`)."""
@@ -288,6 +317,14 @@ def _skew(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     blocks: list = [Paragraph(_skew_text(job))]
     if len(job.ranks) >= 2 and job.skew.matched_count:
         blocks.append(_wait_table(job))
+        if job.ranks_missing:
+            blocks.append(Paragraph(
+                f"Only {len(job.ranks)} of {job.world} ranks are here: waits are for the last "
+                f"of them to arrive, and what follows (transfer) still holds any waiting for "
+                f"the {len(job.ranks_missing)} missing ranks"
+                + (", which the waits per peer below measure." if job.peer_waits else "."),
+                css="note"))
+    blocks.extend(_peer_waits(job))
     _add_plot(blocks, figs, f"{anchor}-critical-path", figures.critical_path_info(job),
               figures.plot_critical_path, figures.critical_path_note, "Critical path of one step")
     _add_plot(blocks, figs, f"{anchor}-heatmap", figures.skew_heatmap_info(job),
@@ -299,7 +336,7 @@ def _skew(job: JobAnalysis, anchor: str, figs: dict) -> Section:
 
 
 def _idle(job: JobAnalysis, anchor: str, figs: dict) -> Section:
-    words = device_facts(job.device_kind)
+    words = devices.of_document(job.device_kind)
     count = sum(r.idle_gaps.count for r in job.ranks)
     idle, step = job.per_step.idle, job.per_step.step
     causes: dict[str, float] = {}
@@ -374,12 +411,22 @@ def _findings(job: JobAnalysis, anchor: str) -> Section:
 
 
 def _op_level(job: JobAnalysis, anchor: str) -> Section:
-    """Where the questions this report does not answer are answered: the profiler plugin."""
+    """Where the questions this report does not answer are answered: the profiler plugin, or
+    the device's own viewer where its profiler writes a format of its own."""
     files = [r.file for r in job.ranks if r.file]
     if len(files) > 1:
         folder = os.path.commonpath(files)
     else:
         folder = os.path.dirname(files[0]) if files else "."
+    viewer = devices.of_document(job.device_kind).viewer
+    if viewer is not None:
+        return Section(f"{anchor}-op-level", "Op-level questions", [
+            Paragraph("Which operator is slow, what one step looks like task by task, memory "
+                      "per operator: this report stops at stages and collectives. "
+                      f"{viewer} answers those on the profiler's own output folders (one per "
+                      "rank): open the folder below in it."),
+            Code(folder or "."),
+        ])
     return Section(f"{anchor}-op-level", "Op-level questions", [
         Paragraph("Which operator or kernel is slow, what one step looks like event by event, "
                   "memory per operator: this report stops at stages and collectives. "

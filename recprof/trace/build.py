@@ -445,14 +445,8 @@ def _build(raw: RawTrace) -> RankTrace:
         names=names.values,
         activities=rows.activities(),
         steps=steps,
-        data_loading=host.spans(host.named(lambda n: n.startswith("enumerate(DataLoader)")),
-                                names),
-        comm_waits=host.spans(host.named(is_comm_wait_op), names),
-        main_thread_ops=host.spans(host.main, names),
-        lookups=host.spans(host.named(is_lookup_op), names),
-        labels=host.label_spans(),
+        **host.trace_fields(names),
         stream_waits=_stream_waits(stream_waits, device_events, lanes, _lane_namer(device_kind)),
-        framework_marks=host.framework_marks(),
         warnings=warnings,
     )
 
@@ -489,6 +483,20 @@ class _HostColumns:
             aten |= cats == cat
         return cls(order=order, start=start[order], end=end[order], name=name[order],
                    names=list(index), main=main[order], aten=aten[order])
+
+    def trace_fields(self, names: _Interner) -> dict[str, Any]:
+        """The host-side fields of a `RankTrace`, whatever format the trace came in (Kineto
+        here, torch_npu's in trace/ascend.py): data loading, waits on communication, the main
+        thread's ops, embedding lookups, labels and framework marks."""
+        return {
+            "data_loading": self.spans(
+                self.named(lambda n: n.startswith("enumerate(DataLoader)")), names),
+            "comm_waits": self.spans(self.named(is_comm_wait_op), names),
+            "main_thread_ops": self.spans(self.main, names),
+            "lookups": self.spans(self.named(is_lookup_op), names),
+            "labels": self.label_spans(),
+            "framework_marks": self.framework_marks(),
+        }
 
     def named(self, test: Any) -> np.ndarray:
         """Ops whose name passes `test` (asked once per distinct name)."""

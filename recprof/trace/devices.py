@@ -27,20 +27,44 @@ class DeviceFacts:
     #: (accelerators), so an idle gap splits at the launch; a CPU run's "device" is the thread
     #: itself and nothing queues.
     queues_work: bool
+    #: How the report names the kind of device a job ran on ("CUDA", "Ascend NPU").
+    kind_name: str
+    #: What one piece of its work is called, in the plural ("kernels", "NPU tasks").
+    work: str
+    #: The tool its users open for op-level questions on the profiler's own output, where that
+    #: is not TensorBoard's PyTorch Profiler plugin on Kineto traces (`recprof view`): None there.
+    viewer: str | None = None
     #: What lets several processes' kernels run on one device at once instead of in time
-    #: slices, where the vendor has one ("CUDA MPS"): the advice for ranks that share one.
+    #: slices, where the vendor has one: the advice for ranks that share one.
     concurrent_sharing: str | None = None
 
 
 _FACTS: dict[DeviceKind, DeviceFacts] = {
-    DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True,
-                                 concurrent_sharing="the CUDA MPS daemon"),
-    DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True),
-    DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True),
-    DeviceKind.CPU: DeviceFacts("main thread", "gloo", None, queues_work=False),
+    DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True, kind_name="CUDA",
+                                 work="kernels", concurrent_sharing="the CUDA MPS daemon"),
+    DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True, kind_name="ROCm",
+                                 work="kernels"),
+    DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True,
+                                 kind_name="MTIA", work="kernels"),
+    DeviceKind.NPU: DeviceFacts("NPU", "HCCL", "AI Core", queues_work=True,
+                                kind_name="Ascend NPU", work="NPU tasks",
+                                viewer="MindStudio Insight"),
+    DeviceKind.CPU: DeviceFacts("main thread", "gloo", None, queues_work=False, kind_name="CPU",
+                                work="ops"),
 }
 
 
 def facts(kind: DeviceKind | str) -> DeviceFacts:
     """The facts of a device kind (given as the enum or its string value)."""
     return _FACTS[DeviceKind(kind)]
+
+
+def of_document(kind: str) -> DeviceFacts:
+    """The facts of the device kind an analysis document names: a document read back may name
+    a kind this version does not know (a newer recprof's, or a damaged file), which is then
+    described in neutral words under its own name."""
+    try:
+        return facts(kind)
+    except ValueError:
+        return DeviceFacts("device", "collectives", None, queues_work=True,
+                           kind_name=kind[:40] or "unknown", work="device work")

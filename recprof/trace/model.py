@@ -28,6 +28,7 @@ class DeviceKind(enum.StrEnum):
     CUDA = "cuda"
     ROCM = "rocm"
     MTIA = "mtia"
+    NPU = "npu"  # Ascend, read from torch_npu's profiler output (trace/ascend.py)
     CPU = "cpu"
 
 
@@ -83,12 +84,19 @@ class Activities:
     # a collective's payload: 1 floating point (embeddings, gradients), 0 integer (ids,
     # counts), -1 unknown or not a collective; int8
     coll_floating: np.ndarray
+    # Where the trace itself measures how long a collective instance waited for its peers
+    # (HCCL's Notify_Wait sub-tasks, trace/ascend.py): per activity, the wait as the vendor's
+    # own analysis counts it (µs, NaN elsewhere), and the time it waited for each peer before
+    # moving data ({peer rank: µs}, None elsewhere). None for formats that record neither.
+    coll_wait: np.ndarray | None = None
+    coll_peer_wait: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
 
     def select(self, mask: np.ndarray) -> Activities:
-        return Activities(**{k: getattr(self, k)[mask] for k in self.__dataclass_fields__})
+        return Activities(**{k: None if (v := getattr(self, k)) is None else v[mask]
+                             for k in self.__dataclass_fields__})
 
 
 @dataclass
@@ -136,6 +144,23 @@ class LabelSpans:
 
 
 @dataclass
+class SubTasks:
+    """What a collective instance does inside its span, where the trace records it (HCCL's
+    per-plane tasks, one plane per link): shown on the timeline, never counted again (the
+    instance's span is the communication time). Columns sorted by start."""
+
+    start: np.ndarray
+    end: np.ndarray
+    lane: np.ndarray  # index into RankTrace.lanes
+    name: np.ndarray  # index into RankTrace.names
+    waiting: np.ndarray  # bool: waits for a peer (HCCL Notify_Wait), else moves/reduces data
+    coll_kind: np.ndarray  # the collective's kind (index into vocabulary.COLLECTIVE_KINDS)
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+@dataclass
 class Step:
     number: int
     name: str
@@ -161,3 +186,4 @@ class RankTrace:
     #: How many host names carry each framework's signature (vocabulary.framework_sign).
     framework_marks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    subtasks: SubTasks | None = None

@@ -162,6 +162,16 @@ class RawTrace:
         del events
         self.data = None
 
+    def elements(self, decoder: msgspec.json.Decoder) -> Iterator[Any]:
+        """Every element decoded by `decoder` (a format with fields of its own: trace/ascend.py
+        reads flow ids), one at a time; a value orjson refused fails the file as it did. One
+        pass, like `consume`: the raw events and the file's text are released as it ends."""
+        events, self.events = self.events, []
+        for element in events:
+            yield self._decode(decoder, element)
+        del events
+        self.data = None
+
     def scalar(self, value: Any) -> Any:
         """`value` as orjson read it, for a field that is not the common case: an integer
         beyond 64 bits is a float to orjson (msgspec keeps it whole), and one beyond float

@@ -33,7 +33,7 @@ _KIND_ALIASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"all_?gather|allgather", "all_gather"),
         (r"all_?reduce|allreduce", "all_reduce"),
         (r"broadcast|bcast", "broadcast"),
-        (r"send_?recv|sendrecv|\bsend\b|\brecv\b|_send|_recv|p2p", "send_recv"),
+        (r"send_?recv|sendrecv|\bsend\b|\brecv\b|_send|_recv|_receive|p2p", "send_recv"),
         (r"barrier", "barrier"),
         (r"(?<![a-z])reduce", "reduce"),
     )
@@ -98,6 +98,8 @@ _DTYPE_BYTES = {
     "int8_t": 1, "uint8": 1, "uint8_t": 1, "unsigned char": 1, "signed char": 1, "i8": 1,
     "u8": 1, "bool": 1, "byte": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "f8e4m3": 1,
     "f8e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
+    # HCCL's spellings (the `data_type` of an Ascend collective)
+    "bfp16": 2, "uint16": 2, "fp64": 8, "hif8": 1, "fp8e4m3": 1, "fp8e5m2": 1,
 }
 
 _KERNEL_DTYPE = re.compile(r"_(f16|f32|f64|bf16|i8|u8|i32|u32|i64|u64|float|half|double)"

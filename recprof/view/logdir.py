@@ -10,12 +10,14 @@ one worker per rank, named by its rank, and never mixes jobs.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from recprof.analysis.model import AnalysisResult
 from recprof.errors import RecprofError
+from recprof.trace import devices
 
 #: The plugin's worker-file suffix (torch_tb_profiler.consts.WORKER_PATTERN).
 PLUGIN_SUFFIX = ".pt.trace.json"
@@ -47,8 +49,17 @@ def lay_out(result: AnalysisResult, logdir: Path) -> list[ViewRun]:
     """
     runs: list[ViewRun] = []
     missing: list[str] = []
+    elsewhere: list[str] = []  # jobs whose profiler output the plugin cannot read
     taken: set[str] = set()
     for job in result.jobs:
+        device = devices.of_document(job.device_kind)
+        if device.viewer is not None:
+            files = [r.file for r in job.ranks if r.file]
+            where = os.path.commonpath(files) if len(files) > 1 else (
+                os.path.dirname(files[0]) if files else job.id)
+            elsewhere.append(f"job {job.id} ran on {device.kind_name}: open {where} in "
+                             f"{device.viewer}")
+            continue
         name = run_name(job.id)
         while name in taken:
             name += "_"
@@ -66,6 +77,9 @@ def lay_out(result: AnalysisResult, logdir: Path) -> list[ViewRun]:
             workers[rank.rank] = worker_name(rank.rank)
         if workers:
             runs.append(ViewRun(name=name, folder=folder, workers=workers))
+    if not runs and elsewhere:
+        raise RecprofError("TensorBoard's PyTorch Profiler plugin reads no other profiler's "
+                           "output; " + "; ".join(elsewhere[:3]))
     if not runs:
         where = f": {', '.join(missing[:3])}" if missing else ""
         raise RecprofError(f"no trace file of the run could be found on this machine{where}")

@@ -36,7 +36,7 @@ def capture_cmd(
 
 
 def run_capture(
-    out: Path, window: tuple[int, int, int], *job: str, report: bool = False
+    out: Path, window: tuple[int, int, int] | None, *job: str, report: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """Run capture to completion (the job's output is kept for failure messages)."""
     return subprocess.run(

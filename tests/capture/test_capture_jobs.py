@@ -41,6 +41,7 @@ from ci_output import assert_tables_whole
 from recprof.analysis import load_analysis_json
 from recprof.analysis.frameworks import knobs_of
 from recprof.capture.command import NO_TRACE_EXIT, SUMMARY_COLUMNS
+from recprof.capture.window_check import SETTLE_BLOCK
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -422,23 +423,58 @@ def test_enabled_legacy_profiler_makes_capture_step_aside(tmp_path: Path) -> Non
     assert len(man["missing"]) == 1 and "its own profiler" in man["missing"][0]
 
 
-def test_job_that_exits_before_the_window(tmp_path: Path) -> None:
-    """Default window (steps 7-11) on a 3-step job: no trace, the manifest says why, and capture
-    exits non-zero with the reason although the job itself succeeded."""
+@pytest.mark.parametrize("window", [None, (5, 2, 5)], ids=["auto", "fixed"])
+def test_job_that_exits_before_the_window(tmp_path: Path,
+                                          window: tuple[int, int, int] | None) -> None:
+    """A 3-step job, under the default --wait auto and under a fixed window (steps 7-11): no
+    trace, the manifest says why, and capture exits non-zero with the reason although the job
+    itself succeeded."""
     out = tmp_path / "run"
-    cmd = capture_cmd(out, None, sys.executable, str(TINY_JOB), "--steps", "3", report=True)
+    cmd = capture_cmd(out, window, sys.executable, str(TINY_JOB), "--steps", "3", report=True)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=240, env=JOB_ENV, cwd=REPO_ROOT
     )
     assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    why = "before its steps settled (--wait auto" if window is None else "before the window"
     assert (f"no trace was captured, exit {NO_TRACE_EXIT}: rank 0: no trace: the rank ended "
-            "after 3 steps, before the window") in " ".join(proc.stderr.split())
+            f"after 3 steps, {why}") in " ".join(proc.stderr.split())
     man = manifest(out)
     assert man["exit_code"] == 0 and man["status"] == "completed"
     assert man["captured"]["traces"] == 0 and man["captured"]["step_logs"] == 1
-    assert "before the window (steps 7-11)" in man["missing"][0]
+    if window is None:
+        assert "give --wait N or run longer" in man["missing"][0]
+        assert man["capture"]["window_steps"] is None and man["capture"]["wait"] == "auto"
+    else:
+        assert "before the window (steps 7-11)" in man["missing"][0]
     assert meta(out, 0)["profiler"]["status"] == "not_reached"
     assert "nothing to analyze" in proc.stderr
+
+
+def test_auto_wait_records_the_same_steps_on_every_rank_once_they_settle(tmp_path: Path
+                                                                         ) -> None:
+    """The default --wait auto on a job whose steps 1-7 are slow (0.15 s, then 0.03 s): both
+    ranks agree through the rendezvous store and record the same steps after the slow start,
+    the manifest says why recording started there, and the window is representative."""
+    out = tmp_path / "run"
+    proc = run_capture(
+        out, None, *TORCHRUN, "2", str(TINY_JOB), "--steps", "40", "--step-sleep", "0.03",
+        "--slow-steps", "1", "7", "--slow-step-sleep", "0.12",
+    )
+    assert_finished(proc)
+    man = manifest(out)
+    assert man["capture"]["wait"] == "auto"
+    start = man["capture"]["window_start"]
+    assert start["reason"] == "settled", start
+    assert start["agreed_by"] == "every rank, through the job's rendezvous store"
+    # not before the earlier block of the comparison is mostly past the slow start
+    assert start["wait"] >= 8 + 2 * SETTLE_BLOCK - (SETTLE_BLOCK - 1) // 2
+    first = start["wait"] + 2
+    assert man["capture"]["window_steps"] == [first, first + 4]
+    assert [r["profiled_steps"] for r in man["ranks"]] == [[first, first + 4]] * 2
+    assert man["window_check"]["representative"] is True, man["window_check"]
+    summary = " ".join(proc.stderr.split())
+    assert f"warming the profiler up from step {start['wait']}, recording from step {first}" \
+        in summary
 
 
 def test_a_window_slower_than_the_run_is_called_out(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def test_step_source_rules(tmp_path: Path) -> None:
     (tmp_path / layout.STEPS).mkdir()
     clock = StepClock(
         layout.steps_path(tmp_path, 0),
-        on_boundary=lambda step: boundaries.append(str(clock.source)),
+        on_boundary=lambda step, job_s: boundaries.append(str(clock.source)),
         phase_of=lambda step: Phase.WAIT,
         on_source=sources.append,
     )
@@ -195,7 +195,8 @@ def test_forwards_of_a_job_with_an_optimizer_are_not_steps(tmp_path: Path) -> No
     job whose optimizer never steps falls back to forwards after FORWARD_PATIENCE of them."""
     (tmp_path / layout.STEPS).mkdir()
     boundaries: list[int] = []
-    clock = StepClock(layout.steps_path(tmp_path, 0), on_boundary=boundaries.append,
+    clock = StepClock(layout.steps_path(tmp_path, 0),
+                      on_boundary=lambda step, job_s: boundaries.append(step),
                       phase_of=lambda step: Phase.WAIT, on_source=lambda source: None,
                       optimizer_exists=lambda: True)
     clock.attach(lambda hook: _Handle(), lambda hook: _Handle())
@@ -210,7 +211,8 @@ def test_forwards_of_a_job_with_an_optimizer_are_not_steps(tmp_path: Path) -> No
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / layout.STEPS).mkdir()
     evaluation: list[int] = []
-    idle = StepClock(layout.steps_path(tmp_path / "eval", 0), on_boundary=evaluation.append,
+    idle = StepClock(layout.steps_path(tmp_path / "eval", 0),
+                     on_boundary=lambda step, job_s: evaluation.append(step),
                      phase_of=lambda step: Phase.WAIT, on_source=lambda source: None,
                      optimizer_exists=lambda: True)
     idle.attach(lambda hook: _Handle(), lambda hook: _Handle())

@@ -1,5 +1,6 @@
 """Is the recorded window representative? The decision on step logs built here, its place in the
-manifest, and capture's exit status when nothing was captured."""
+manifest, the online settling criterion of --wait auto, and capture's exit status when nothing
+was captured."""
 
 from __future__ import annotations
 
@@ -15,10 +16,18 @@ from recprof.capture.command import NO_TRACE_EXIT, exit_status
 from recprof.capture.launcher import JobResult
 from recprof.capture.layout import ExitStatus, Phase, ProfilerStatus, Schedule, StepRecord
 from recprof.capture.manifest import build_manifest
-from recprof.capture.window_check import WINDOW_DEVIATION_LIMIT, check_window
+from recprof.capture.window_check import (
+    SETTLE_BLOCK,
+    SETTLE_TOLERANCE,
+    WINDOW_DEVIATION_LIMIT,
+    check_window,
+    settling,
+)
 
-DEFAULT = Schedule()  # window = steps 7-11
+DEFAULT = Schedule(wait=5)  # window = steps 7-11
 STEADY = 0.010
+# Wait steps that had not settled: the job ran 1.5x slower before the window than after it.
+UNSETTLED = 1.5 * STEADY
 
 
 def _log(times: list[float], schedule: Schedule = DEFAULT) -> list[StepRecord]:
@@ -29,9 +38,12 @@ def _log(times: list[float], schedule: Schedule = DEFAULT) -> list[StepRecord]:
     ]
 
 
-def _with_window(window_s: float, steps: int = 100, steady_s: float = STEADY) -> list[float]:
-    """Every step at `steady_s` except the recorded ones (7-11) at `window_s`."""
-    return [window_s if 7 <= i <= 11 else steady_s for i in range(steps)]
+def _with_window(window_s: float, steps: int = 100, steady_s: float = STEADY,
+                 before_s: float | None = None) -> list[float]:
+    """Every step at `steady_s` except the recorded ones (7-11) at `window_s` and, when given,
+    the steps before them at `before_s`."""
+    return [window_s if 7 <= i <= 11 else before_s if before_s and i < 7 else steady_s
+            for i in range(steps)]
 
 
 @pytest.mark.parametrize(
@@ -46,8 +58,10 @@ def _with_window(window_s: float, steps: int = 100, steady_s: float = STEADY) ->
 def test_the_limit_decides_and_a_representative_window_is_silent(
     factor: float, representative: bool
 ) -> None:
-    check = check_window([_log(_with_window(STEADY * factor))], DEFAULT)
+    """Where the job was not settled before the window, the window is judged by the limit."""
+    check = check_window([_log(_with_window(STEADY * factor, before_s=UNSETTLED))], DEFAULT)
     assert check is not None
+    assert check.profiler_overhead is None and check.note is None
     assert check.representative is representative
     assert check.ratio == pytest.approx(factor, abs=1e-3)
     assert check.window_steps == [7, 11] and check.steady_steps == [12, 99]
@@ -74,12 +88,64 @@ def test_a_slow_start_suggests_the_wait_the_logs_support() -> None:
 
 
 def test_a_window_slow_only_while_recorded_suggests_no_wait() -> None:
-    """Right after the window the job runs at its steady pace: no later window would differ,
-    the difference is the profiler's own cost."""
-    check = check_window([_log(_with_window(0.016))], DEFAULT)
+    """Right after the window the job runs at its steady pace, but before it the wait steps
+    had not: no later window would differ, the difference is the profiler's own cost."""
+    check = check_window([_log(_with_window(0.016, before_s=UNSETTLED))], DEFAULT)
     assert check is not None and not check.representative
     assert check.settled_from == 12 and check.suggestion is None
     assert check.warning is not None and "profiler's own cost" in check.warning
+
+
+@pytest.mark.parametrize("window_s", [1.6 * STEADY, 3.0 * STEADY])
+def test_the_profilers_cost_in_a_settled_job_is_measured_not_flagged(window_s: float) -> None:
+    """The unprofiled steps on both sides of the window agree: the recorded steps are slower
+    only because they are recorded. The check says by how much and keeps the window."""
+    times = _with_window(window_s)
+    times[4] = STEADY * (1 + 0.9 * SETTLE_TOLERANCE)  # one noisy wait step: still settled
+    check = check_window([_log(times)], DEFAULT)
+    assert check is not None and check.representative
+    assert check.warning is None and check.suggestion is None
+    assert check.before_steps == [1, 4] and check.before_median_s == pytest.approx(STEADY)
+    assert check.profiler_overhead == pytest.approx(window_s / STEADY - 1, abs=1e-3)
+    assert check.note is not None
+    assert "the difference is the profiler's own cost" in check.note
+    assert f"(+{(window_s - STEADY) * 1e3:.3g} ms per step" in check.note
+
+
+def test_sides_that_disagree_beyond_the_settling_tolerance_are_not_the_profiler() -> None:
+    """Just beyond the tolerance the job was still moving: the limit decides again."""
+    before = STEADY * (1 + 1.1 * SETTLE_TOLERANCE)
+    check = check_window([_log(_with_window(0.016, before_s=before))], DEFAULT)
+    assert check is not None and not check.representative
+    assert check.profiler_overhead is None and check.note is None
+
+
+def test_a_window_within_the_limit_still_reports_the_profilers_cost() -> None:
+    check = check_window([_log(_with_window(1.1 * STEADY))], DEFAULT)
+    assert check is not None and check.representative and check.note is None
+    assert check.profiler_overhead == pytest.approx(0.1, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("times", "settled"),
+    [
+        ([0.5] + [STEADY] * (2 * SETTLE_BLOCK), True),  # step 0 is start-up, never counted
+        ([0.5] + [2 * STEADY] * SETTLE_BLOCK + [STEADY] * SETTLE_BLOCK, False),
+        # medians, not single steps: one step in three at 2x is jitter
+        ([0.5] + [STEADY, STEADY, 2 * STEADY, STEADY, STEADY] * 2, True),
+        ([0.5] + [STEADY] * SETTLE_BLOCK + [STEADY * (1 + 0.9 * SETTLE_TOLERANCE)]
+         * SETTLE_BLOCK, True),
+        ([0.5] + [STEADY] * SETTLE_BLOCK + [STEADY * (1 + 1.1 * SETTLE_TOLERANCE)]
+         * SETTLE_BLOCK, False),
+    ],
+)
+def test_the_online_criterion_compares_the_last_two_blocks(times: list[float],
+                                                           settled: bool) -> None:
+    assert settling(times[:-1]) is None  # one step short of two blocks after step 0
+    reading = settling(times)
+    assert reading is not None and reading.settled is settled
+    assert reading.latest[:2] == (len(times) - SETTLE_BLOCK, len(times) - 1)
+    assert ("within" in reading.describe()) is settled
 
 
 def test_without_steps_after_the_window_the_wait_steps_are_the_reference() -> None:
@@ -88,6 +154,7 @@ def test_without_steps_after_the_window_the_wait_steps_are_the_reference() -> No
     assert check is not None and not check.representative
     assert check.steady_phase == Phase.WAIT and check.steady_steps == [0, 4]
     assert check.suggestion is None and check.settled_from is None
+    assert check.before_steps is None and check.profiler_overhead is None
 
 
 def test_too_little_to_compare_gives_no_check() -> None:
@@ -129,7 +196,7 @@ def _rank_folder(run_dir: Path, rank: int, times: list[float], schedule: Schedul
 
 
 def test_manifest_carries_the_check_once_the_job_ended(tmp_path: Path) -> None:
-    _rank_folder(tmp_path, 0, _with_window(0.016, steps=40), DEFAULT)
+    _rank_folder(tmp_path, 0, _with_window(0.016, steps=40, before_s=UNSETTLED), DEFAULT)
     job = JobResult(returncode=0, pid=1, started_at=0.0, ended_at=1.0)
     assert build_manifest(tmp_path, ["python", "x.py"], DEFAULT, None)["window_check"] is None
     window = build_manifest(tmp_path, ["python", "x.py"], DEFAULT, job)["window_check"]

@@ -19,16 +19,20 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 - queued idle: TraceLens' sglang decode (one MI300 rank whose next kernel sat launched for
   463 ms of a 474 ms step on an idle GPU) fires; the time-sliced H100 ranks do not (their
   queueing is the shared device's), nor one rank alone on its GPU.
+- late peer: the Ascend job of ../shared/ascend/level1 fires (its ranks 0 and 1 wait 95 ms of a
+  155 ms step for rank 5, whose trace is not there, as their HCCL waits measure); no Kineto
+  trace measures waits per peer, and a named straggler takes precedence.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from recprof.analysis import AnalysisResult
+from recprof.analysis import AnalysisResult, analyze_paths
 from recprof.analysis.diagnosis import (
     RULES,
     Finding,
@@ -40,6 +44,7 @@ from recprof.analysis.diagnosis import (
     rule_exposed_embedding_comm,
     rule_exposed_h2d,
     rule_host_idle,
+    rule_late_peer,
     rule_queued_idle,
     rule_shared_device,
     rule_small_messages,
@@ -72,7 +77,7 @@ def facts_of(analysis_of: Callable[[str], AnalysisResult]) -> Callable[[str], Jo
 def _check(found: Finding | None, facts: JobFacts) -> Finding:
     assert found is not None
     assert 0 < found.recoverable_us_per_step <= facts.step_us
-    assert set(found.knobs) <= knobs_of(facts.framework)  # in the job's own terms
+    assert set(found.knobs) <= knobs_of(facts.framework, facts.device_kind)  # its own terms
     assert not set(found.knobs) & TRAINER_ONLY
     assert found.tune_command is None  # bare traces: no run folder to mirror, no trainer config
     return found
@@ -102,6 +107,22 @@ def test_straggler(facts_of: Callable[[str], JobFacts]) -> None:
     assert facts.framework == "torchrec"  # TorchRec's own ways to even out the ranks
     assert f.knobs == ["ShardingType", "EmbeddingShardingPlanner"]
     assert rule_straggler(facts_of(CONTROL)) is None  # one rank: no one to wait for
+
+
+def test_late_peer(facts_of: Callable[[str], JobFacts], ascend_level1: Path) -> None:
+    (job,) = analyze_paths([ascend_level1]).jobs
+    facts = job_facts(job)
+    f = _check(rule_late_peer(facts), facts)
+    assert f.title == "Waiting for rank 5 (its trace is not among those analysed)"
+    assert 90_000 < f.recoverable_us_per_step < 100_000, f.recoverable_us_per_step
+    # In the NPU's own knobs: torch_npu's core binding, not a CUDA or embedding knob.
+    assert f.knobs == ["CPU_AFFINITY_CONF=1", "DataLoader num_workers"]
+    assert "1 step recorded" in f.evidence[0]
+    assert rule_late_peer(dataclasses.replace(facts, straggler_rank=1)) is None
+    assert rule_late_peer(facts_of("sst")) is None  # Kineto: no per-peer waits measured
+    # The all-reduce's exposed time is that wait: it is not counted again as overlap to win.
+    assert rule_exposed_dense_comm(facts) is None
+    assert rule_exposed_dense_comm(dataclasses.replace(facts, late_peer_blocking_by_kind={}))
 
 
 def test_small_messages(facts_of: Callable[[str], JobFacts]) -> None:
@@ -188,6 +209,6 @@ def test_findings_ranked_by_recoverable_time(
 def test_every_rule_is_exercised_above() -> None:
     # A new rule must get its own occurs / does-not-occur test in this module.
     tested = {rule_exposed_embedding_comm, rule_exposed_dense_comm, rule_straggler,
-              rule_small_messages, rule_exposed_h2d, rule_host_idle, rule_shared_device,
-              rule_queued_idle}
+              rule_late_peer, rule_small_messages, rule_exposed_h2d, rule_host_idle,
+              rule_shared_device, rule_queued_idle}
     assert set(RULES) == tested

@@ -5,7 +5,8 @@ with sane numbers or in one error line naming the file; never a traceback, a han
 A few hundred cases here (under two minutes on two cores); the nightly run is
 `python benchmarks/fuzz_traces.py --cases 20000`. `RECPROF_FUZZ_SEED` and
 `RECPROF_FUZZ_CASES` change the draw; a failure prints the seed, the case and its mutation,
-which `python benchmarks/fuzz_traces.py --seed S --only I` replays.
+which `python benchmarks/fuzz_traces.py --seed S --only I` replays (`--ascend` for the
+cases drawn from torch_npu's timelines).
 """
 
 from __future__ import annotations
@@ -27,20 +28,34 @@ CASES = int(os.environ.get("RECPROF_FUZZ_CASES", "300"))
 CASE_LIMIT_S = 30.0
 
 
+#: Cases drawn from torch_npu's timelines (../shared/ascend): their own reader, string times,
+#: HCCL ops and plane tasks, flows with 64-bit ids.
+ASCEND_CASES = int(os.environ.get("RECPROF_FUZZ_ASCEND_CASES", "150"))
+
+
 @pytest.fixture(scope="module")
 def corpus(shared_traces: Path) -> Corpus:
     return Corpus.load(shared_traces)
 
 
 def test_mutated_real_traces_end_analysed_or_in_one_named_error(corpus: Corpus) -> None:
+    _fuzz(corpus, CASES)
+
+
+def test_mutated_ascend_traces_end_analysed_or_in_one_named_error(
+        shared_traces: Path, ascend_level1: Path) -> None:
+    _fuzz(Corpus.load(shared_traces, ascend=True), ASCEND_CASES, flag=" --ascend")
+
+
+def _fuzz(corpus: Corpus, cases: int, flag: str = "") -> None:
     counts: Counter[str] = Counter()
     failures: list[str] = []
-    for index in range(CASES):
+    for index in range(cases):
         outcome, mutation = run_case(corpus, SEED, index, CASE_LIMIT_S)
         counts[outcome.kind] += 1
         if outcome.kind == "failure":
-            failures.append(f"seed {SEED} case {index}: {mutation}\n    -> {outcome.place}: "
-                            f"{outcome.detail}")
-    assert not failures, f"{len(failures)} of {CASES} cases failed:\n" + "\n".join(failures)
+            failures.append(f"seed {SEED}{flag} case {index}: {mutation}\n    -> "
+                            f"{outcome.place}: {outcome.detail}")
+    assert not failures, f"{len(failures)} of {cases} cases failed:\n" + "\n".join(failures)
     # The draw must exercise both sides: damage that is survived and damage that is refused.
-    assert counts["ok"] > CASES // 3 and counts["error"] > CASES // 10, dict(counts)
+    assert counts["ok"] > cases // 3 and counts["error"] > cases // 10, dict(counts)

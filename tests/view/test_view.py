@@ -213,3 +213,13 @@ def test_report_points_op_level_questions_to_recprof_view(shared_traces: Path) -
     html = render_report(analyze_paths([folder]))
     assert "Op-level questions" in html
     assert f"recprof view {folder}" in html
+
+
+def test_ascend_jobs_are_sent_to_their_own_viewer(ascend_level1: Path, tmp_path: Path) -> None:
+    """TensorBoard's plugin reads no torch_npu output: `recprof view` says where to look
+    instead of waiting for a run the plugin never lists."""
+    from recprof.errors import RecprofError
+
+    with pytest.raises(RecprofError, match=r"ran on Ascend NPU: open \S*level1 in MindStudio "
+                                           r"Insight"):
+        lay_out(analyze_paths([ascend_level1]), tmp_path)

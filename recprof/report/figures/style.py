@@ -23,6 +23,7 @@ COLORS = {
     "copy_d2h": "#eeca3b",
     "copy_d2d": "#bab0ac",
     "other": "#b279a2",
+    "comm_wait": "#fdd0a2",  # a collective waiting for a peer (HCCL Notify_Wait)
 }
 #: One colour per collective kind (vocabulary.COLLECTIVE_KINDS), the same in every figure.
 COLLECTIVE_COLORS = {

@@ -14,7 +14,7 @@ from recprof.analysis.model import JobAnalysis, Timeline, TimelineEvent
 from recprof.analysis.timeline import MAX_TIMELINE_RANKS, choose_timeline_ranks
 from recprof.report.figures.style import COLORS, Figure, collective_color, layout, ms, rank_label
 from recprof.report.safe import plot_text
-from recprof.trace.devices import facts as device_facts
+from recprof.trace.devices import of_document as device_facts
 
 #: Segments drawn per rank at most (the analysis already caps events per timeline; this keeps
 #: the page light for 8+ ranks and long steps).
@@ -26,8 +26,9 @@ TIMELINE_MERGE_FRACTION = 1 / 1500
 LANE_ROLE_SHARE = 0.1
 
 _LEGEND = {"compute": "compute", "copy_h2d": "H2D copy", "copy_d2h": "D2H copy",
-           "copy_d2d": "D2D copy", "other": "other device work"}
-_DEVICE_KEYS = ("copy_h2d", "copy_d2h", "copy_d2d", "other")
+           "copy_d2d": "D2D copy", "other": "other device work",
+           "comm_wait": "waiting for a peer (in a collective)"}
+_DEVICE_KEYS = ("comm_wait", "copy_h2d", "copy_d2h", "copy_d2d", "other")
 
 
 @dataclass
