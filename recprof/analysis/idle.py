@@ -105,20 +105,25 @@ class _Split:
     """Every gap split at its work's launch, as columns (one entry per gap, microseconds):
     the host part [start, start + host), then the queued part, of which `handover` keeps the
     queued work's class as its cause, `stream` waited on another stream and `held` found the
-    device busy outside this process. A gap whose work's launch is unknown is not split: all
-    of it is `handover`, and none of it counts as queued."""
+    device held outside this process.
+
+    A gap is split only where its work was launched by a call the trace records, start and
+    end (`precise`): a trace whose launch is only the op that issued the work (torch_npu's:
+    its task queue submits later) gives the whole gap to the host when that op began inside
+    it, else to the work's class, and counts none of it as queued. A gap whose ending work's
+    launch is unknown goes to the work's class entirely."""
 
     host: np.ndarray
     handover: np.ndarray
     stream: np.ndarray
     held: np.ndarray
     work: np.ndarray  # index of the gap's work in the activities; len(acts) when none follows
-    known: np.ndarray  # bool: the work's launch is known
+    precise: np.ndarray  # bool: split at a recorded launch call
     latency: float | None
 
     @property
     def queued(self) -> np.ndarray:
-        return np.where(self.known, self.handover + self.stream + self.held, 0.0)
+        return np.where(self.precise, self.handover + self.stream + self.held, 0.0)
 
     @staticmethod
     def of(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> _Split:
@@ -139,31 +144,37 @@ class _Split:
             work[follows] = records[np.minimum(np.searchsorted(records, at[follows]),
                                                records.size - 1)]
         pending = np.where(follows, earliest[at] if n else np.inf, np.inf)
-        # Split only where the work that ends the gap has a known launch: another work's
-        # launch, with this one's unknown (a trace missing runtime events), says nothing.
+        # Only where the work that ends the gap has a known launch: another work's launch,
+        # with this one's unknown (a trace missing runtime events), says nothing.
         known = np.isfinite(pending) & follows & np.isfinite(launch[at] if n else pending)
-        latency = launch_latency(starts[known], ends[known], pending[known])
+        precise = known & np.isfinite(acts.launch_end[np.minimum(work, max(n - 1, 0))]
+                                      if n else known)
+        latency = launch_latency(starts[precise], ends[precise], pending[precise])
         lat = latency or 0.0
         length = ends - starts
-        host = np.where(known & (pending > starts),
-                        np.clip(pending + lat - starts, 0.0, length), 0.0)
-        queued = np.where(known, length - host, 0.0)
-        # A gap whose work was queued before it began: its first latency is the hand-over.
-        handover = np.where(known & (pending <= starts), np.minimum(lat, queued), 0.0)
-        handover = np.where(known, handover, length)
+        inside = known & (pending > starts)
+        host = np.where(precise & inside, np.clip(pending + lat - starts, 0.0, length),
+                        np.where(inside, length, 0.0))
+        queued = np.where(precise, length - host, 0.0)
+        # A gap whose work was queued before it began: its first latency is the hand-over;
+        # not split, all of what the host does not hold.
+        handover = np.where(precise, np.where(pending <= starts, np.minimum(lat, queued), 0.0),
+                            length - host)
         stream = np.zeros(len(starts))
         if len(trace.stream_waits):
             # Queued behind a stream wait: it could not start before the awaited work ended
             # (plus a latency); the hand-over is that wait when the awaited work ended at the
             # gap's start.
-            waited = np.nan_to_num(_waited_until(trace, work, follows & known), nan=-np.inf)
+            waited = np.nan_to_num(_waited_until(trace, work, precise), nan=-np.inf)
             stream = np.clip(waited + lat - (starts + host), 0.0, queued)
-            at_start = waited >= starts - lat
+            at_start = precise & (waited >= starts - lat)
             stream = np.where(at_start, np.maximum(stream, handover), stream)
-            handover = np.where(at_start, 0.0, np.minimum(handover, queued - stream))
-        held = np.where(known, np.maximum(queued - handover - stream, 0.0), 0.0)
+            handover = np.where(at_start, 0.0,
+                                np.where(precise, np.minimum(handover, queued - stream),
+                                         handover))
+        held = np.where(precise, np.maximum(queued - handover - stream, 0.0), 0.0)
         return _Split(host=host, handover=handover, stream=stream, held=held, work=work,
-                      known=known, latency=latency)
+                      precise=precise, latency=latency)
 
 
 def _waited_until(trace: RankTrace, work: np.ndarray, follows: np.ndarray) -> np.ndarray:

@@ -346,8 +346,8 @@ def _idle(job: JobAnalysis, anchor: str, figs: dict) -> Section:
         queued += r.idle_gaps.queued_us / n
         for cause, us in r.idle_gaps.by_cause_us.items():
             causes[cause] = causes.get(cause, 0.0) + us / n
-    text = (f"Idle (nothing running on the {words.device}) averages {units.duration(idle)} per "
-            f"step ({units.percent(idle, step)} of the step) over {count} gaps on all ranks")
+    text = (f"Idle (no {words.device} activity) averages {units.duration(idle)} per step "
+            f"({units.percent(idle, step)} of the step) over {count} gaps on all ranks")
     if words.queues_work:
         text += (f"; {units.duration(queued)} per step of it sat queued: work launched but not "
                  f"started")

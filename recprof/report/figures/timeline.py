@@ -7,6 +7,7 @@ and the ranks drawn are the analysis' choice (recprof.analysis.timeline.choose_t
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ MAX_TIMELINE_SEGMENTS_PER_RANK = 1200
 #: Gaps shorter than this fraction of the step are merged (about one pixel at 1,200 px wide).
 TIMELINE_MERGE_FRACTION = 1 / 1500
 
+#: A Kineto device stream's lane name (trace/build.py `_lane_namer`).
+_DEVICE_STREAM = re.compile(r" \d+ stream \S+$")
 #: A kind of work names a lane when it fills this share of the lane's busy time in the step.
 LANE_ROLE_SHARE = 0.1
 
@@ -55,8 +58,10 @@ class RankLanes:
 def lane_titles(timeline: Timeline, device_kind: str) -> list[str]:
     """Each lane's name and, on a device that queues work, what runs on it in this step:
     `GPU 0 stream 7 · compute + NCCL`, `GPU 0 stream 16 · NCCL`, `... · copies` (each kind of
-    work that fills at least `LANE_ROLE_SHARE` of the lane's busy time). A CPU run's lanes (the
-    main thread, gloo threads) say what they are already."""
+    work that fills at least `LANE_ROLE_SHARE` of the lane's busy time). Only a Kineto device
+    stream (`<device> <index> stream <id>`, trace/build.py) is named so: a CPU run's lanes (the
+    main thread, gloo threads) and torch_npu's (streams, HCCL planes and their peers) say what
+    they are already."""
     words = device_facts(device_kind)
     if not words.queues_work:
         return list(timeline.lanes)
@@ -71,7 +76,8 @@ def lane_titles(timeline: Timeline, device_kind: str) -> list[str]:
         lane = busy.get(i, Counter())
         total = sum(lane.values())
         shown = [r for r in roles if total > 0 and lane[r] >= LANE_ROLE_SHARE * total]
-        titles.append(f"{name} · {' + '.join(shown)}" if shown else name)
+        named = _DEVICE_STREAM.search(name) and shown
+        titles.append(f"{name} · {' + '.join(shown)}" if named else name)
     return titles
 
 
