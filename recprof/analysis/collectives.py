@@ -190,7 +190,7 @@ def job_collectives(
             exposed_us=a["exposed"], bytes=a["bytes"] if sized else None, sized_count=sized,
             mean_bytes=a["bytes"] / sized if sized else None, algbw_gbps=alg,
             busbw_gbps=alg * bus_factor(kind, size) if alg is not None else None,
-            group_size=size, purpose=purpose, purpose_inferred=a["inferred"] > 0,
+            group_size=size, purpose=purpose, purpose_inferred=a["inferred"] == a["count"],
         ))
     stats.sort(key=lambda s: -s.total_us)
     return stats, samples

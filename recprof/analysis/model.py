@@ -177,7 +177,9 @@ class CollectiveStats:
     exposed_us_per_step: float = 0.0
     bytes_per_step: float | None = None  # mean message bytes x messages per step
     purpose: str = UNKNOWN_PURPOSE  # what it carries (vocabulary.PURPOSES)
-    #: The purpose was inferred from the trace (recprof/analysis/stages.py), not labelled.
+    #: The purpose of every instance was inferred from the trace (recprof/analysis/stages.py),
+    #: none read from a label (a row some labels name is theirs, its few unlabelled instances
+    #: at the window's edges included).
     purpose_inferred: bool = False
 
 
