@@ -17,6 +17,7 @@ from recprof.analysis.executors import DASK_INSTALL_HINT, open_executor
 from recprof.analysis.frameworks import framework_line
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.pipeline import analyze_paths
+from recprof.analysis.run import check_runs
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
 
@@ -39,6 +40,7 @@ def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: 
                           workers: int | None) -> AnalysisResult:
     """`analyze_paths` on the executor the options ask for, with a progress bar across ranks
     on standard error (when it is a terminal)."""
+    check_runs(paths)
     err = Console(stderr=True, soft_wrap=True)
     executor = open_executor(scheduler, workers)
     with executor or nullcontext(), Progress(
@@ -58,7 +60,8 @@ def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: 
 def analyze(
     paths: Annotated[list[Path], typer.Argument(
         help="Trace files (.json, .json.gz) or folders holding them; one folder may hold "
-             "several jobs.", show_default=False)],
+             "several jobs. A run captured per node is every node's capture folder (or the "
+             "folder holding them).", show_default=False)],
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the full analysis (schema recprof.analysis/2: per-rank "
                        "breakdowns, collectives, skew, findings, verdict) here; `-` writes it to "

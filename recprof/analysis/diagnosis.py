@@ -172,9 +172,10 @@ class JobFacts:
     exposed_embedding_by_purpose: dict[str, float] = field(default_factory=dict)
     #: The built-in trainer's config file the job ran with, when `recprof tune` can use it.
     nestpipe_config: str | None = None
-    #: The capture run folder around the traces (None for bare traces) and whether the job
-    #: exchanges embeddings by all-to-all: together, whether `recprof tune --like` applies.
-    run_dir: str | None = None
+    #: The paths that name the capture run around the traces (its folder, or each node's;
+    #: none for bare traces) and whether the job exchanges embeddings by all-to-all:
+    #: together, whether `recprof tune --like` applies.
+    run_dirs: list[str] = field(default_factory=list)
     has_embedding_exchange: bool = False
     #: Ranks that share one physical device (recprof/analysis/sharing.py).
     shared_devices: list[SharedDevice] = field(default_factory=list)
@@ -240,9 +241,10 @@ def tune_command(facts: JobFacts, mechanisms: Iterable[str]) -> str | None:
             return None
         return (f"recprof tune --nproc-per-node {max(facts.world_size, 1)} "
                 f"--config {facts.nestpipe_config} --trials {trials}")
-    if facts.run_dir is None or not facts.has_embedding_exchange or facts.world_size < 2:
+    if not facts.run_dirs or not facts.has_embedding_exchange or facts.world_size < 2:
         return None
-    return f"recprof tune --like {shlex.quote(facts.run_dir)} --trials {trials}"
+    like = " ".join(f"--like {shlex.quote(d)}" for d in facts.run_dirs)
+    return f"recprof tune {like} --trials {trials}"
 
 
 def _remedies(facts: JobFacts, *mechanisms: str) -> tuple[list[str], str]:
@@ -854,7 +856,7 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         exposed_by_kind=dict(job.exposed_comm_us_per_step_by_kind),
         exposed_embedding_by_purpose=exposed_by_purpose,
         nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
-        run_dir=job.run.run_dir if job.run else None,
+        run_dirs=(job.run.run_dirs or [job.run.run_dir]) if job.run else [],
         has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
         shared_devices=list(job.shared_devices),
         **_late_peer_facts(job),

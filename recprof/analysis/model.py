@@ -395,9 +395,24 @@ class PeerBytes:
 
 
 @dataclass
+class NodeContext:
+    """One capture folder of a run (a node's, on a cluster): its ranks, the command its lowest
+    rank ran and capture's window warning there (nodes may differ in both)."""
+
+    run_dir: str
+    ranks: list[int]
+    command: list[str]
+    cwd: str | None
+    window_warning: str | None
+
+
+@dataclass
 class RunContext:
-    """What the capture run folder around a job's traces says (recprof/analysis/run_context.py):
-    the command a rank ran, capture's window warning, and step times from the step logs."""
+    """What the capture folders around a job's traces say (recprof/analysis/run_context.py):
+    the command a rank ran, capture's window warning, and step times from the step logs, read
+    from every node's folder (`nodes`). `run_dir` is the one folder that names the whole run
+    (its capture folder, or the folder holding exactly its node folders), else the first node's;
+    `run_dirs` are what a command line gives to name it."""
 
     run_dir: str
     command: list[str]
@@ -410,6 +425,8 @@ class RunContext:
     #: Distinct machines (kernel boot ids) the ranks ran on; None when a rank's meta lacks it.
     #: Fewer than the hosts: containers or namespaces of one machine, sharing its cores.
     machines: int | None = None
+    run_dirs: list[str] = field(default_factory=list)
+    nodes: list[NodeContext] = field(default_factory=list)
 
 
 @dataclass

@@ -270,7 +270,7 @@ def _shared_devices(headers: dict[int, TraceHeader], analyses: list[RankAnalysis
     it, else its trace, with the share of its step its work sat held on the device."""
     held = {a.rank: a.idle_gaps.by_cause_us.get(DEVICE_HELD, 0.0) / a.totals.step
             for a in analyses if a.totals.step > 0}
-    return shared_devices(headers, rank_metas({a.rank: a.file for a in analyses}), held)
+    return shared_devices(headers, rank_metas([a.file for a in analyses], list(headers)), held)
 
 
 def _mean_step(analyses: list[RankAnalysis]) -> float:
