@@ -203,13 +203,15 @@ def _print_collectives(job: JobAnalysis, console: Console) -> None:
     rows = sorted(job.collectives, key=lambda c: -c.total_us_per_step)
     for c in rows[:MAX_COLLECTIVE_ROWS]:
         count = c.count_per_step
-        table.add_row(c.kind, c.purpose, escape(c.process_group),
+        table.add_row(c.kind, c.purpose + ("*" if c.purpose_inferred else ""),
+                      escape(c.process_group),
                       f"{count:.1f}" if count % 1 else f"{count:.0f}",
                       units.ms_cell(c.total_us_per_step), units.ms_cell(c.exposed_us_per_step),
                       units.size(c.bytes_per_step) if c.bytes_per_step else "unknown")
     terminal.print_table(console, table, (
         "Collectives per step, mean over ranks: n calls, ms in them, exp.ms of that not under "
-        "compute, bytes sent"))
+        "compute, bytes sent" + ("; * what it carries is inferred from the trace, no label "
+                                 "says" if any(c.purpose_inferred for c in rows) else "")))
     if len(rows) > MAX_COLLECTIVE_ROWS:
         console.print(f"  ... {len(rows) - MAX_COLLECTIVE_ROWS} more (see --json or the report)")
 

@@ -82,11 +82,17 @@ class StageTime:
 
 @dataclass
 class IdleGap:
+    """One idle gap (recprof/analysis/idle.py). On a device that queues work it splits at the
+    launch of the work that ends it: `cause` names the larger part's cause, `queued_us` is the
+    part where that work sat queued on the device and `queued_cause` why."""
+
     start_us: float
     dur_us: float
     step: int | None
     cause: str
     detail: str = ""
+    queued_us: float = 0.0
+    queued_cause: str = ""
 
 
 @dataclass
@@ -95,9 +101,15 @@ class IdleGapSummary:
     total_us: float = 0.0
     p50_us: float = 0.0
     max_us: float = 0.0
+    #: Idle time per cause, the host and the queued parts of each gap under their own causes.
     by_cause_us: dict[str, float] = field(default_factory=dict)
     histogram: list[tuple[float, float, int]] = field(default_factory=list)  # (lo, hi, count)
     largest: list[IdleGap] = field(default_factory=list)
+    #: Idle time in which the work that ended a gap had been launched and sat queued.
+    queued_us: float = 0.0
+    #: The latency from a launch call's return to its work's start this trace shows for
+    #: unhindered launches (us), counted as host time; None where too few launches are known.
+    launch_latency_us: float | None = None
 
 
 @dataclass
@@ -165,6 +177,10 @@ class CollectiveStats:
     exposed_us_per_step: float = 0.0
     bytes_per_step: float | None = None  # mean message bytes x messages per step
     purpose: str = UNKNOWN_PURPOSE  # what it carries (vocabulary.PURPOSES)
+    #: The purpose of every instance was inferred from the trace (recprof/analysis/stages.py),
+    #: none read from a label (a row some labels name is theirs, its few unlabelled instances
+    #: at the window's edges included).
+    purpose_inferred: bool = False
 
 
 @dataclass
@@ -446,6 +462,17 @@ class RunContext:
 
 
 @dataclass
+class SharedDevice:
+    """Two or more ranks of one job on one physical device (recprof/analysis/sharing.py):
+    every timing of theirs includes the others' use of it."""
+
+    device: str  # the physical device's identity (UUID, PCI bus id, or host + device index)
+    host: str | None
+    ranks: list[int]
+    source: str  # "capture" (meta/rank<R>.json) or "trace" (host + device id)
+
+
+@dataclass
 class JobAnalysis:
     id: str
     world_size: int | None
@@ -478,6 +505,9 @@ class JobAnalysis:
     #: Cross-group order of collectives (None: the job uses fewer than two groups, or no
     #: source names them).
     issue_order: IssueOrder | None = None
+    #: Groups of 2+ ranks on one physical device; [] when every rank has its own (or no
+    #: evidence says otherwise).
+    shared_devices: list[SharedDevice] = field(default_factory=list)
     #: Waits per peer measured inside the traces (HCCL), None where no trace measures them.
     peer_waits: PeerWaits | None = None
 

@@ -12,6 +12,7 @@ from anywhere else analyse the same, without it.
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from recprof.analysis.model import NodeContext, RunContext
 from recprof.analysis.run import CaptureFolder, Run, run_of_traces
@@ -27,6 +28,14 @@ def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | N
     are not a capture's. `RecprofError` when they come from capture folders of different jobs."""
     run = run_of_traces(trace_files)
     return run_context(run, ranks) if run is not None else None
+
+
+def rank_metas(trace_files: list[str], ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """Each rank's meta/rank<R>.json from the run its traces came from (every node's folder),
+    for the ranks that have one: what a rank knows about itself, its host and machine and the
+    device it ran on (recprof/analysis/sharing.py)."""
+    run = run_of_traces(trace_files)
+    return {r: m for r in ranks if run is not None and (m := run.meta(r))}
 
 
 def run_context(run: Run, ranks: list[int]) -> RunContext:

@@ -112,23 +112,24 @@ def test_a_rank_waiting_on_its_data_loader_holds_the_step(tmp_path: Path) -> Non
 
 
 def test_ranks_sharing_one_gpu_overlap_nothing_and_dbp_is_refused() -> None:
-    """The H100 runs put both ranks on one GPU (the GPU-truth analysis names them in
-    `JobAnalysis.shared_devices`; given here as it reports them). A collective then needs the
+    """The H100 runs put both ranks on one GPU (the analysis names them in
+    `JobAnalysis.shared_devices`, recprof/analysis/sharing.py). A collective then needs the
     device its peer computes on: micro-batching's chunks cannot hide behind the dense compute
     (measured +24% for micro_batches=2; predicted -7% when each rank had its own GPU), and
     DBP's prefetch thread interleaves both processes' work at a cost a synchronous capture
     does not show (measured 74 -> 249 ms with micro_batches=4): refused with the reason."""
-    from types import SimpleNamespace
-
     from recprof.mirror.command import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
 
     job = one_job([_run("timesliced_sync")])
+    named = job.shared_devices
+    assert [(g.device, g.ranks, g.source) for g in named] == [("vm device 0", [0, 1],
+                                                                "capture")]
+    job.shared_devices = []  # as if each rank had its own GPU
     own = Predictor(measure(job))
     assert own.predict({"micro_batches": 2}).step_us < own.target
-    job.shared_devices = [SimpleNamespace(device="vm device 0", host="vm", ranks=[0, 1],
-                                          source="capture")]
+    job.shared_devices = named
     shared = Predictor(measure(job))
     mb2 = shared.predict({"micro_batches": 2})
     assert mb2.step_us is not None and mb2.step_us > 1.05 * shared.target
