@@ -13,9 +13,8 @@ import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis
+from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis, SharedDevice
 from recprof.analysis.run import Run, run_of_context
 from recprof.capture.rank_meta import usable_cores
 from recprof.errors import RecprofError
@@ -131,11 +130,10 @@ class Baseline:
         return max(hosts.values())
 
 
-def shared_devices(job: JobAnalysis) -> list[Any]:
-    """The groups of 2+ ranks that ran on one physical device (`JobAnalysis.shared_devices`,
-    SharedDevice: device, host, ranks, source; the GPU-truth analysis fills it); an analysis
-    made before it has none."""
-    return list(getattr(job, "shared_devices", None) or [])
+def shared_devices(job: JobAnalysis) -> list[SharedDevice]:
+    """The groups of 2+ ranks that ran on one physical device (`JobAnalysis.shared_devices`;
+    an analysis document made before devices were compared loads with none)."""
+    return list(job.shared_devices)
 
 
 def measure(job: JobAnalysis) -> Baseline:
