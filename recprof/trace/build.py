@@ -66,6 +66,10 @@ _CATEGORY_ROLES = {**dict.fromkeys(_HOST_OP_CATS, _HOST), **dict.fromkeys(_DEVIC
                    **dict.fromkeys(_RUNTIME_CATS, _RUNTIME), **dict.fromkeys(_SYNC_CATS, _SYNC)}
 #: The cuda_sync row that makes a stream wait for an event recorded on another stream.
 _STREAM_WAIT = "Stream Wait Event"
+#: The runtime calls that record such an event (the awaited work is what its stream was given
+#: before the call).
+_EVENT_RECORDS = {"cudaEventRecord", "cudaEventRecordWithFlags", "hipEventRecord",
+                  "hipEventRecordWithFlags"}
 _KIND_INDEX = {kind: i for i, kind in enumerate(COLLECTIVE_KINDS)}
 _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
 _MAX_ID = sanitize.MAX_COUNT
@@ -323,6 +327,7 @@ def _build(raw: RawTrace) -> RankTrace:
     host_ops: list[_HostOp] = []
     gloo_ops: list[_HostOp] = []
     stream_waits: list[tuple[float, Any, dict[str, Any]]] = []  # ts, device pid, args
+    event_records: list[int] = []  # correlation ids of the runtime calls that record events
     has_gpu = has_mtia = False
     first_ts = float("inf")
     categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
@@ -376,6 +381,8 @@ def _build(raw: RawTrace) -> RankTrace:
                                   sanitize.event_args(raw.args(ev))))
         elif cat_role is _RUNTIME:
             corr = sanitize.count(raw.correlation(ev))
+            if corr is not None and name in _EVENT_RECORDS:
+                event_records.append(corr)
             if corr is not None:
                 # A runtime call and the driver call inside it may share the id: the launch
                 # spans both, from the earlier start to the later end.
@@ -446,7 +453,8 @@ def _build(raw: RawTrace) -> RankTrace:
         activities=rows.activities(),
         steps=steps,
         **host.trace_fields(names),
-        stream_waits=_stream_waits(stream_waits, device_events, lanes, _lane_namer(device_kind)),
+        stream_waits=_stream_waits(stream_waits, device_events, sorted(event_records), lanes,
+                                   _lane_namer(device_kind)),
         warnings=warnings,
     )
 
@@ -598,33 +606,49 @@ def _lane_namer(kind: DeviceKind) -> _LaneNamer:
 
 
 def _stream_waits(waits: list[tuple[float, Any, dict[str, Any]]],
-                  device_events: list[_DeviceEvent], lanes: _Interner,
-                  lane_of: _LaneNamer) -> StreamWaits:
+                  device_events: list[_DeviceEvent], event_records: list[int],
+                  lanes: _Interner, lane_of: _LaneNamer) -> StreamWaits:
     """The stream waits the trace records, each with the end of the work it waits for.
 
     Kineto names the awaited event by the correlation id of the `cudaEventRecord` call that
     recorded it and the stream it was recorded on; the work it stands for is the last work
     that stream was given before that call: the device event on it with the highest
-    correlation id below the record's (correlation ids grow with the launch order). Waits on
-    streams that ran nothing in the trace, or by a stream without work, are left out: they
-    cannot hold back anything the analysis sees."""
+    correlation id below the record's (correlation ids grow with the launch order).
+
+    torch 2.11's Kineto on an H100 wrote both as -1 on every wait (tests/data/h100: 55 waits
+    per rank), naming only the event's own id, which no record call carries. The record is then
+    the last event-record call before the wait's own call (`event_records`, sorted), and the
+    stream it was recorded on the one given the last work before it, other than the waiting
+    stream: how torch's streams hand over (ProcessGroupNCCL records an event on the compute
+    stream after its last kernel and makes the NCCL stream wait on it, and the reverse after
+    the collective's kernel). Waits on streams that ran nothing in the trace, or by a stream
+    without work, are left out: they cannot hold back anything the analysis sees."""
     if not waits:
         return StreamWaits.empty()
     by_stream: dict[str, tuple[list[int], list[float]]] = {}
+    launched: list[tuple[int, str]] = []  # (correlation, stream) of every device event
     for _start, end, _cat, _name, pid, tid, args in sorted(
             device_events, key=lambda ev: _corr_key(ev[6])):
         corr = sanitize.count(args.get("correlation"))
         if corr is not None:
-            corrs, ends = by_stream.setdefault(lane_of(pid, args.get("stream", tid)), ([], []))
+            stream = lane_of(pid, args.get("stream", tid))
+            corrs, ends = by_stream.setdefault(stream, ([], []))
             corrs.append(corr)
             ends.append(max(end, ends[-1]) if ends else end)  # a stream runs in order:
-    rows: list[tuple[float, int, int, float]] = []            # the latest end so far
+            launched.append((corr, stream))                   # the latest end so far
+    launch_corrs = [c for c, _ in launched]
+    rows: list[tuple[float, int, int, float]] = []
     for ts, pid, args in waits:
-        waiting = lanes.get(lane_of(pid, args.get("stream")))
+        waiting_name = lane_of(pid, args.get("stream"))
+        waiting = lanes.get(waiting_name)
         if waiting is None:
             continue
         waited = lane_of(pid, args.get("wait_on_stream"))
         record = sanitize.count(args.get("wait_on_cuda_event_record_corr_id"))
+        own = sanitize.count(args.get("correlation"))
+        if record is None and own is not None:  # the trace does not name it (-1 or absent)
+            record, waited = _inferred_record(own, event_records, launched, launch_corrs,
+                                              waiting_name)
         ready = float("nan")
         if waited in by_stream and record is not None:
             corrs, ends = by_stream[waited]
@@ -639,6 +663,21 @@ def _stream_waits(waits: list[tuple[float, Any, dict[str, Any]]],
     cols = list(zip(*rows, strict=True))
     return StreamWaits(np.array(cols[0], dtype=np.float64), np.array(cols[1], dtype=np.int32),
                        np.array(cols[2], dtype=np.int32), np.array(cols[3], dtype=np.float64))
+
+
+def _inferred_record(wait_corr: int, event_records: list[int], launched: list[tuple[int, str]],
+                     launch_corrs: list[int], waiting: str) -> tuple[int | None, str]:
+    """(the event-record call a wait waits on, the stream it was recorded on) when the trace
+    does not name them: the last record call before the wait's own call, and the stream of the
+    last work launched before that record on a stream other than the waiting one."""
+    k = bisect.bisect_left(event_records, wait_corr) - 1
+    if k < 0:
+        return None, ""
+    record = event_records[k]
+    i = bisect.bisect_left(launch_corrs, record) - 1
+    while i >= 0 and launched[i][1] == waiting:
+        i -= 1
+    return (record, launched[i][1]) if i >= 0 else (None, "")
 
 
 def _corr_key(args: dict[str, Any]) -> int:
