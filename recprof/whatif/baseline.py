@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recprof.analysis.idle import DATA_LOADING
 from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis, SharedDevice
 from recprof.analysis.run import Run, run_of_context
 from recprof.capture.rank_meta import usable_cores
@@ -107,16 +108,24 @@ class Baseline:
         return None
 
     def loader_bound(self) -> dict[int, float]:
-        """Ranks whose step waited on their DataLoader (more than `LOADER_BOUND_SHARE` of it):
-        rank -> the wait per step (us). Its workers are other processes, outside the trace;
-        a rank that waits on them runs at their pace, not its own. Only on a device that
-        queues work: a CPU job's loader workers share the cores its ranks compute on, so their
-        wait is contention that calibration folds in, not a pace of their own."""
+        """Ranks whose device waited on their DataLoader (more than `LOADER_BOUND_SHARE` of the
+        step): rank -> that wait per step (us), read from the idle gaps the host spent in a
+        DataLoader iterator (analysis/idle.py, cause "data loading"). Its workers are other
+        processes, outside the trace; a rank that waits on them runs at their pace, not its
+        own. A job that makes its batches itself (the trainer's synthetic data on a GPU:
+        kernels of its own, `nestpipe:data_wait` with no DataLoader in it) waits on no one
+        else's pace, however long that takes. Only on a device that queues work: a CPU job's
+        loader workers share the cores its ranks compute on, so their wait is contention that
+        calibration folds in, not a pace of their own."""
         if not facts(self.job.device_kind).queues_work:
             return {}
-        return {r: wait for r, rb in self.ranks.items()
-                if (wait := rb.compute_us.get("data_loading", 0.0))
-                > LOADER_BOUND_SHARE * rb.step_us}
+        bound = {}
+        for r in self.job.ranks:
+            steps = max(len(r.steps), 1)
+            wait = r.idle_gaps.by_cause_us.get(DATA_LOADING, 0.0) / steps
+            if r.rank in self.ranks and wait > LOADER_BOUND_SHARE * self.ranks[r.rank].step_us:
+                bound[r.rank] = wait
+        return bound
 
     def ready_batch_us(self) -> float:
         """The host's time to take a batch its loader already made: the least any rank spent
