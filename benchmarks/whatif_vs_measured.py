@@ -357,7 +357,8 @@ LEFT_OUT = {
     "micro_batches=2": "the time slices: each extra chunk and pass waits for the other "
                        "process's share of the GPU, which a capture of the synchronous step "
                        "does not show",
-    "micro_batches=4,dbp=True": "the time slices: DBP's prefetch thread and four chunks per "
+    "micro_batches=4,dbp=True": "the time slices: DBP's next-batch work (on a prefetch "
+                                "thread in the trainer that measured it) and four chunks per "
                                 "step interleave both processes' work on the shared GPU (the "
                                 "fwp_dbp capture queued 44-92 ms a step behind the other's "
                                 "slices, the synchronous one 1.4 ms)",

@@ -87,15 +87,15 @@ class Baseline:
                          f"from the {g.source})" for g in shared)
 
     def overlap_blocked(self) -> str | None:
-        """Why a rank cannot overlap its collectives' transfers and DBP's prefetch thread with
-        its compute, or None when each has room to: a device that queues work runs them on
-        the device beside the host, and a CPU rank needs a spare core (at least twice as many
+        """Why a rank cannot overlap its collectives' transfers with its compute, or None when
+        each has room to: a device that queues work runs them on the device beside the host,
+        and a CPU rank needs a spare core for gloo's transfer threads (at least twice as many
         cores as ranks on its host)."""
         if facts(self.job.device_kind).queues_work:
             sharing = self.sharing()
             return None if sharing is None else (
                 f"{sharing}: a collective needs the device its peers' work holds, so transfers "
-                "and the prefetch thread wait for the compute and nothing overlaps")
+                "wait for the compute and nothing overlaps")
         hosts: dict[str | None, int] = defaultdict(int)
         for rb in self.ranks.values():
             hosts[rb.host] += 1
@@ -103,8 +103,8 @@ class Baseline:
             cores = self.host_cores(host)
             if cores < 2 * count:
                 return (f"each rank has no spare core ({count} CPU ranks on {cores} cores of "
-                        f"host {host}): collective transfers and the prefetch thread take the "
-                        "core the compute needs, so nothing overlaps")
+                        f"host {host}): collective transfers take the core the compute "
+                        "needs, so nothing overlaps")
         return None
 
     def loader_bound(self) -> dict[int, float]:

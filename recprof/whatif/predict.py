@@ -24,6 +24,7 @@ from recprof.whatif.device import CodecCost, describe, device_costs
 from recprof.whatif.replay import Replay, replay
 from recprof.whatif.scenarios import (
     EMBEDDING_EXCHANGE,
+    Plan,
     job_replay,
     trainer_plan,
     with_knobs,
@@ -126,8 +127,8 @@ class Predictor:
         else:
             self.knobs = {"qcomms": "fp32"}
             self.shape = JobShape(base.world)
-        # Whether each rank can overlap its transfers and prefetch thread with its compute (a
-        # CPU rank without a spare core cannot), and if not why.
+        # Whether each rank can overlap its transfers with its compute (a CPU rank without a
+        # spare core cannot), and if not why.
         self.blocked = base.overlap_blocked()
         self.spare_core = self.blocked is None
         self.network = Network(base.links, base.ranks_per_host(), base.world, spans=base.spans,
@@ -240,15 +241,22 @@ class Predictor:
         if self.cfg is None:
             return job_replay(self.base, WIRE_BYTES[knobs["qcomms"]] / WIRE_BYTES["fp32"],
                               scale, network or self.network, world)
+        plan = self.plan(knobs, scale, world, network, loader_paced)
+        return (replay(plan.programs, plan.collectives, blocking_posts=not self.spare_core),
+                plan.assumptions)
+
+    def plan(self, knobs: dict[str, Any], scale: float | None = None, world: int | None = None,
+             network: Network | None = None, loader_paced: bool = False) -> Plan:
+        """The built-in trainer's step under a full knob dict as the replay runs it: each
+        rank's one program and the collectives (compute at `scale`, default the calibrated
+        one)."""
+        assert self.cfg is not None, "only the built-in trainer's schedule is known"
+        world = world or self.base.world
         codec = self._codec_cost(knobs["qcomms"])
         assert not isinstance(codec, str), codec  # `refusal` turned such a change away
-        plan = trainer_plan(self.base, knobs, self._traffic_of(knobs, world),
-                            self.reference, codec, self.costs, scale,
+        return trainer_plan(self.base, knobs, self._traffic_of(knobs, world), self.reference,
+                            codec, self.costs, self.scale if scale is None else scale,
                             self.blocked, network or self.network, world, loader_paced)
-        if not self.spare_core:
-            main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
-            return replay(main, plan.collectives, blocking_posts=True), plan.assumptions
-        return replay(plan.main, plan.collectives, plan.prefetch), plan.assumptions
 
     def _scaling(self, change: dict[str, Any]) -> tuple[int, Network, list[str]] | str:
         """The world and network of a `world_size` / `inter_node_gbit` change, the assumptions
@@ -301,8 +309,9 @@ class Predictor:
                         "analysis JSON)")
             if name == "dbp" and value != self.knobs[name] and (
                     sharing := self.base.sharing()) is not None:
-                return (f"dbp: {sharing}; DBP's prefetch thread interleaves the processes' "
-                        "work on it, at a cost a capture of a step "
+                return (f"dbp: {sharing}; DBP's next-batch work and prefetch exchange run "
+                        "beside this batch's compute there, interleaved with the other "
+                        "processes' work at a cost a capture of a step "
                         f"{'with' if self.knobs['dbp'] else 'without'} DBP does not show")
             if name == "qcomms" and value in WIRE_BYTES and isinstance(
                     why := self._codec_cost(value), str):
@@ -424,9 +433,9 @@ class Predictor:
         cores = max(self.base.host_cores(r.host) for r in self.base.ranks.values())
         return [f"the ranks' {hosts} hosts are {run.machines} machine(s) (one kernel boot id: "
                 f"containers or network namespaces), whose {cores} cores they "
-                "share; the replay counts that many per host, so transfers and DBP's prefetch "
-                "thread overlap compute there that in fact competes with them for the cores "
-                "(steps of knobs that overlap more come out short)"]
+                "share; the replay counts that many per host, so transfers overlap compute "
+                "there that in fact competes with them for the cores (steps of knobs that "
+                "overlap more come out short)"]
 
     def _link_notes(self) -> list[str]:
         """Each fitted line, and each kind the capture has that no line was fitted for (every

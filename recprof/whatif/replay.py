@@ -1,17 +1,15 @@
 """Replay one training step of every rank as a dependency graph and time it.
 
-Each rank runs a program: compute segments on its main thread, collectives it posts (started
+Each rank runs one program, as the built-in trainer issues everything from one thread
+(recprof/nestpipe/schedule.py): compute segments, collectives it posts (started
 asynchronously, like `dist.all_to_all_single(..., async_op=True)`) and waits on. A collective
 starts when every member has posted it and each member's link is free (a rank's collectives
 share its link in the order it posted them, as one gloo/NCCL communicator does), and lasts its
 transfer time. So a rank that reaches a collective early waits for the last one: waits come out
 of the replay, never from the baseline's measured waits. The step ends when the slowest rank
-finishes its program; that critical path is the predicted step.
-
-A rank may also run a second program on its prefetch thread (DBP loads and fetches the next
-batch there). It overlaps the main thread when the host has a core to spare; the caller
-serialises it into the main program otherwise (CPU ranks sharing cores), and only the main
-thread's time is attributed to stages.
+finishes its program; that critical path is the predicted step. Posted transfers overlap the
+rank's compute (gloo moves them on its own ranks, NCCL on its streams) unless the replay
+runs with blocking posts (a CPU rank without a spare core).
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ class Collective:
 @dataclass
 class RankTiming:
     end_us: float
-    stage_us: dict[str, float] = field(default_factory=dict)  # main-thread time by stage
+    stage_us: dict[str, float] = field(default_factory=dict)  # the program's time by stage
 
 
 @dataclass
@@ -79,10 +77,11 @@ class Replay:
 
 
 @dataclass
-class _Thread:
+class _Rank:
+    """Where one rank's program stands."""
+
     rank: int
     program: Program
-    counts_stages: bool
     clock: float = 0.0
     pc: int = 0
 
@@ -91,24 +90,22 @@ class _Thread:
         return self.pc == len(self.program)
 
 
-def replay(main: dict[int, Program], collectives: dict[str, Collective],
-           prefetch: dict[int, Program] | None = None, blocking_posts: bool = False) -> Replay:
-    """Time every rank's programs; raise `RecprofError` on an inconsistent graph (a wait on a
+def replay(programs: dict[int, Program], collectives: dict[str, Collective],
+           blocking_posts: bool = False) -> Replay:
+    """Time every rank's program; raise `RecprofError` on an inconsistent graph (a wait on a
     collective nobody posts, or members that never post it).
 
     `blocking_posts`: a rank cannot do anything else while its collective moves bytes (a CPU
     rank with no core to spare: gloo's transfer needs the core the compute runs on), so every
     post waits for its collective."""
     if blocking_posts:
-        main = {r: _blocking(p) for r, p in main.items()}
-        prefetch = {r: _blocking(p) for r, p in (prefetch or {}).items()}
-    threads = [_Thread(r, p, True) for r, p in main.items()]
-    threads += [_Thread(r, p, False) for r, p in (prefetch or {}).items()]
+        programs = {r: _blocking(p) for r, p in programs.items()}
+    ranks = [_Rank(r, p) for r, p in programs.items()]
     posted: dict[str, dict[int, float]] = defaultdict(dict)
     link: dict[int, list[str]] = defaultdict(list)  # each rank's collectives, in post order
     link_free: dict[int, float] = defaultdict(float)
     finished: dict[str, float] = {}
-    timing = {r: RankTiming(0.0) for r in main}
+    timing = {r: RankTiming(0.0) for r in programs}
 
     def start_ready() -> bool:
         """Start every collective at the head of all its members' links."""
@@ -126,8 +123,8 @@ def replay(main: dict[int, Program], collectives: dict[str, Collective],
             progressed = True
         return progressed
 
-    def run(t: _Thread) -> bool:
-        """Advance a thread until it blocks; whether it moved."""
+    def run(t: _Rank) -> bool:
+        """Advance a rank's program until it blocks; whether it moved."""
         moved = False
         while not t.done:
             ins = t.program[t.pc]
@@ -145,20 +142,20 @@ def replay(main: dict[int, Program], collectives: dict[str, Collective],
             else:
                 return moved
             t.clock += spent
-            if t.counts_stages and spent and not isinstance(ins, Post):
+            if spent:  # a post takes no time of its own
                 stages = timing[t.rank].stage_us
                 stages[ins.stage] = stages.get(ins.stage, 0.0) + spent
             t.pc += 1
             moved = True
         return moved
 
-    while not all(t.done for t in threads):
-        progressed = any([run(t) for t in threads])
+    while not all(t.done for t in ranks):
+        progressed = any([run(t) for t in ranks])
         if not (start_ready() or progressed):
-            stuck = {t.rank: t.program[t.pc] for t in threads if not t.done}
+            stuck = {t.rank: t.program[t.pc] for t in ranks if not t.done}
             raise RecprofError(f"replay: the step's graph cannot finish (blocked: {stuck})")
-    for t in threads:
-        timing[t.rank].end_us = max(timing[t.rank].end_us, t.clock)
+    for t in ranks:
+        timing[t.rank].end_us = t.clock
     critical = max(timing, key=lambda r: timing[r].end_us)
     return Replay(step_us=timing[critical].end_us, ranks=timing, critical_rank=critical)
 

@@ -4,8 +4,10 @@ The built-in trainer's step is written out as its schedule (docs/nestpipe.md, "W
 does"): data wait, key routing (two synchronous all-to-alls), the owners' lookup, the row
 fetch in one chunk per micro-batch, per micro-batch dense forward and backward with gradient
 chunks sent as rows become final, the dense all-reduce started before the gradient wait, HSP's
-all-gather and all-reduce, the optimizer, and with DBP the next batch's routing and fetch on the
-prefetch thread plus the refresh after the update. Each compute segment takes its rank's
+all-gather and all-reduce, the optimizer, and with DBP the next batch's data, routing and fetch
+issued by the same thread at the place recprof/nestpipe/schedule.py (`DualBuffer`) gives them,
+then the wait for that fetch and the refresh after the update. One program per rank, as the
+trainer has one thread issuing every collective. Each compute segment takes its rank's
 measured stage compute; each collective its bytes (from the job's keys, traffic.py) through
 the run's fitted link. What a knob changes is exactly what the trainer changes; what the model
 does not know is listed as an assumption.
@@ -37,10 +39,9 @@ from recprof.whatif.traffic import KEY_BYTES, Traffic, wire_bytes
 
 @dataclass
 class Plan:
-    """Programs and collectives for one replay, and what they rest on."""
+    """Each rank's program and the collectives for one replay, and what they rest on."""
 
-    main: dict[int, Program]
-    prefetch: dict[int, Program]
+    programs: dict[int, Program]
     collectives: dict[str, Collective]
     assumptions: list[str] = field(default_factory=list)
 
@@ -52,8 +53,8 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     """The built-in trainer's step under `knobs` (a full knob dict) on `world` ranks; ranks
     beyond the captured ones run the compute of the captured rank they replicate. `codec` is
     the wire format's cost beyond the capture's and `costs` the device's prices for what the
-    knobs repeat (device.py). `blocked` says why a rank cannot overlap its transfers and
-    prefetch thread with its compute (None: it can). `loader_paced`: a rank that waited on
+    knobs repeat (device.py). `blocked` says why a rank cannot overlap its transfers with
+    its compute (None: it can). `loader_paced`: a rank that waited on
     its DataLoader takes a ready batch instead (the caller holds the step to the loader's
     pace)."""
     cfg = base.config
@@ -62,8 +63,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     groups = int(knobs["hsp_groups"])
     scenario_cfg = with_knobs(cfg, knobs)
     dbp = bool(knobs["dbp"])
-    main: dict[int, Program] = {}
-    prefetch: dict[int, Program] = {}
+    programs: dict[int, Program] = {}
     colls: dict[str, Collective] = {}
     notes: list[str] = []
 
@@ -80,14 +80,12 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     # blocked on each. The contention calibrated on a capture without them is what its
     # overlapped exchanges met (the gradient all-to-all beside the dense all-reduce and
     # compute), which they do not meet: on the emulated link an HSP capture's 4.4 MB
-    # all-reduce took 44.5 ms, as long as one timed on an idle link (docs/whatif.md). With DBP
-    # the prefetch thread's exchanges run beside them, and they keep the factor, unless those
-    # exchanges are local copies (a sharding group of one rank: nothing beside them on the
-    # wire; the prefetch thread's compute beside them did not slow them: an HSP all-reduce
-    # took 47.0 ms a step without DBP, 46.2 with it); so they do when the capture itself ran
-    # HSP (the factor was fitted with them).
-    prefetch_on_wire = dbp and scenario_cfg.group_size("embedding_rows_fwd", world) > 1
-    hsp_contended = prefetch_on_wire or cfg.hsp_groups > 1
+    # all-reduce took 44.5 ms, as long as one timed on an idle link (docs/whatif.md). DBP
+    # puts nothing beside them either: its fetch is posted before the micro-batches (after the
+    # first one where the device queues work), ahead of them on the rank's link, and its
+    # refresh comes after the update. So they keep the factor only when the capture itself
+    # ran HSP (the factor was fitted with them).
+    hsp_contended = cfg.hsp_groups > 1
 
     fwd_row, bwd_row, hsp_row = wire_bytes(scenario_cfg)
     captured = sorted(base.ranks)
@@ -118,21 +116,27 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         ]
         fetch += [Post(coll(f"fwd{m}@{group}", "all_to_all", group, tr.rows_fwd[m] * fwd_row),
                        "embedding_a2a") for m in range(n)]
-        program: Program = []
-        if dbp:
-            # The next batch's fetch runs on the prefetch thread; this step's rows are there.
-            prefetch[r] = fetch
-        else:
-            program += fetch
         fixed = _fixed_per_pass(rb, c, costs)
         per_pass = {stage: fixed[stage] + (c.get(stage, 0.0) - fixed[stage]) / n
                     for stage in MICRO_BATCH_STAGES}
+        # Decoding a chunk into the row buffer: before the micro-batch that first uses it; with
+        # DBP, after the update, when the refresh waits for the prefetched batch's chunks.
+        decode = [Compute("embedding_a2a", per_pass["embedding_a2a"] + codec_fwd / 2 / n)
+                  for _ in range(n)]
+        program: Program = []
+        # Without DBP the step prepares its own batch first. With DBP this batch's rows were
+        # fetched and refreshed in the previous step, and the step prepares the next batch
+        # where schedule.py issues it: before the first micro-batch where the host is the
+        # device, after its backward where the device queues work.
+        if not dbp or not costs.queues_work:
+            program += fetch
         for m in range(n):
             if not dbp:
-                program.append(Wait(f"fwd{m}@{group}", "embedding_a2a"))
-            program.append(Compute("embedding_a2a", per_pass["embedding_a2a"] + codec_fwd / 2 / n))
+                program += [Wait(f"fwd{m}@{group}", "embedding_a2a"), decode[m]]
             program.append(Compute("dense_forward", per_pass["dense_forward"]))
             program.append(Compute("dense_backward", per_pass["dense_backward"]))
+            if dbp and m == 0 and costs.queues_work:
+                program += fetch
             program.append(Compute("embedding_grad_a2a",
                                    per_pass["embedding_grad_a2a"] + codec_bwd / 2 / n))
             program.append(Post(coll(f"bwd{m}@{group}", "all_to_all", group,
@@ -157,12 +161,15 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         program += [Compute("optimizer", optimizer / 2 * applied),
                     Wait("dense", "dense_allreduce"), Compute("optimizer", optimizer / 2)]
         if dbp:
-            program.append(Wait(f"key1@{group}", "dbp_refresh"))
+            # The refresh: the next batch's chunks waited and decoded, then the rows this
+            # update changed sent by three synchronous all-to-alls (sizes, positions, rows).
+            for m in range(n):
+                program += [Wait(f"fwd{m}@{group}", "embedding_a2a"), decode[m]]
             for i, nbytes in enumerate((*tr.refresh_keys, tr.refresh_rows * (KEY_BYTES + fwd_row))):
                 name = coll(f"refresh{i}@{group}", "all_to_all", group, nbytes)
                 program += [Post(name, "embedding_a2a"), Wait(name, "embedding_a2a")]
         program += [Compute("other", c.get("other", 0.0) + rb.unattributed_us * compute_scale)]
-        main[r] = program
+        programs[r] = program
     notes.append("the embedding optimizer half of `optimizer` (scaling with the rows it "
                  "updates) runs before the dense all-reduce wait, the dense half after it")
     if codec != CodecCost():
@@ -171,8 +178,8 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                      f"and {codec.bwd_call:+.0f} us per chunk, from the capture's format's: "
                      + costs.codec_note(str(knobs["qcomms"])))
     if groups > 1 and not hsp_contended:
-        beside = ("; the prefetch thread's exchanges are local copies (sharding groups of one "
-                  "rank)" if dbp else "")
+        beside = ("; DBP's prefetch is posted before them and its refresh comes after the "
+                  "update" if dbp else "")
         notes.append("HSP's all-gathers and all-reduce, run one at a time with nothing beside "
                      f"them on the wire{beside}, move at the fitted lines without the "
                      "calibrated contention")
@@ -182,13 +189,16 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                  "the ops' 10th-percentile duration")
         notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
                      f"fixed per-op cost (ops per step x {floor}) and split the rest evenly")
-    if blocked is None:
-        if dbp:
-            notes.append("the prefetch thread overlaps the main thread (room to overlap on "
-                         "each rank)")
-    else:
+    if dbp:
+        where = ("after the first micro-batch's backward (the device queues work)"
+                 if costs.queues_work else "before the first micro-batch (the host is the "
+                 "device)")
+        notes.append(f"DBP: the next batch's data, routing and lookup run on the one thread "
+                     f"{where}, its fetch posted asynchronously and waited by the refresh after "
+                     "the update")
+    if blocked is not None:
         notes.append(blocked)
-    return Plan(main, prefetch, colls, notes)
+    return Plan(programs, colls, notes)
 
 
 #: What a wire-precision knob (QComms, in TorchRec and in the trainer) shrinks.

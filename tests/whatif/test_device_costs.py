@@ -116,8 +116,9 @@ def test_ranks_sharing_one_gpu_overlap_nothing_and_dbp_is_refused() -> None:
     `JobAnalysis.shared_devices`, recprof/analysis/sharing.py). A collective then needs the
     device its peer computes on: micro-batching's chunks cannot hide behind the dense compute
     (measured +24% for micro_batches=2; predicted -7% when each rank had its own GPU), and
-    DBP's prefetch thread interleaves both processes' work at a cost a synchronous capture
-    does not show (measured 74 -> 249 ms with micro_batches=4): refused with the reason."""
+    DBP's next-batch work beside the compute interleaves both processes' work at a cost a
+    synchronous capture does not show (measured 74 -> 249 ms with micro_batches=4, by the
+    trainer's earlier two-thread DBP): refused with the reason."""
     from recprof.mirror.command import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
@@ -140,3 +141,49 @@ def test_ranks_sharing_one_gpu_overlap_nothing_and_dbp_is_refused() -> None:
     # what does not change the schedule's overlap is predicted as before
     assert shared.predict({"reshape": 2}).step_us == pytest.approx(
         own.predict({"reshape": 2}).step_us, rel=0.02)
+
+
+def _positions(program: list) -> dict[str, list[int]]:
+    """Where each kind of step in a rank's replayed program sits: compute by stage, posts and
+    waits by the collective's name less its group (`key0`, `fwd2`, `bwd0`, ...)."""
+    from recprof.whatif.replay import Compute
+
+    out: dict[str, list[int]] = {}
+    for i, ins in enumerate(program):
+        what = (ins.stage if isinstance(ins, Compute)
+                else f"{type(ins).__name__.lower()} {ins.name.split('@')[0]}")
+        out.setdefault(what, []).append(i)
+    return out
+
+
+def test_dbp_prepares_the_next_batch_after_the_first_backward_on_a_gpu() -> None:
+    """The trainer issues every collective from one thread (recprof/nestpipe/schedule.py): on a
+    device that queues work DBP prepares the next batch (data, routing with its two
+    synchronous all-to-alls, lookup, fetch posted) after queueing the first micro-batch's
+    forward and backward, and the refresh waits for that fetch after the update. The replay
+    runs it as each rank's one program; the next batch's data and routing time then sit on
+    the step (a second thread had taken them off it)."""
+    from recprof.mirror.command import one_job
+    from recprof.whatif.baseline import measure
+    from recprof.whatif.predict import Predictor
+    from recprof.whatif.replay import replay
+
+    job = one_job([_run("timesliced_sync")])
+    job.shared_devices = []  # as if each rank had its own GPU: DBP is predicted there
+    p = Predictor(measure(job))
+    plan = p.plan({**p.knobs, "micro_batches": 4, "dbp": True})
+    assert sorted(plan.programs) == [0, 1]
+    for program in plan.programs.values():
+        at = _positions(program)
+        assert at["dense_forward"][0] < at["dense_backward"][0] < at["data_loading"][0] \
+            < at["post key0"][0] < at["wait key1"][0] < at["post fwd0"][0] < at["post bwd0"][0]
+        assert at["post fwd3"][0] < at["dense_forward"][1]  # all chunks before micro-batch 1
+        # this batch's rows came with the previous step: its chunks are waited only by the
+        # refresh, after the update, and decoded there
+        waits = [i for m in range(4) for i in at[f"wait fwd{m}"]]
+        assert len(waits) == 4 and min(waits) > max(at["optimizer"])
+        assert max(at["embedding_a2a"]) > max(at["optimizer"])
+    stages = replay(plan.programs, plan.collectives).stages
+    assert stages["data_loading"] > 0 and stages["input_dist"] > 0
+    scenario = p.predict({"micro_batches": 4, "dbp": True})
+    assert any("after the first micro-batch's backward" in a for a in scenario.assumptions)

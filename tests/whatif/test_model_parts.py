@@ -45,12 +45,18 @@ def test_blocking_posts_serialise_transfers_with_compute() -> None:
     assert result.stages == {"comm": pytest.approx(3.0), "dense": pytest.approx(4.0)}
 
 
-def test_prefetch_thread_overlaps_the_main_thread() -> None:
-    main = {0: [Compute("dense", 5.0)]}
-    prefetch = {0: [Compute("data_loading", 3.0), Post("f", "comm")]}
-    result = replay(main, {"f": Collective((0,), 1.0)}, prefetch)
-    assert result.step_us == pytest.approx(5.0)
-    assert "data_loading" not in result.stages  # only the main thread is attributed
+def test_a_fetch_posted_before_the_compute_and_waited_after_it_is_hidden_and_delays_later_posts(
+) -> None:
+    # DBP on one thread: the next batch's fetch is posted before this batch's compute and
+    # waited after the update; its transfer hides behind the compute, and the gradients posted
+    # meanwhile queue behind it on the rank's link.
+    program = [Compute("data_loading", 1.0), Post("fetch", "comm"), Compute("dense", 4.0),
+               Post("grads", "comm"), Wait("grads", "comm"), Wait("fetch", "comm")]
+    colls = {"fetch": Collective((0,), 6.0), "grads": Collective((0,), 2.0)}
+    result = replay({0: program}, colls)
+    assert result.step_us == pytest.approx(9.0)  # fetch 1..7, grads 7..9
+    assert result.stages == {"data_loading": pytest.approx(1.0), "dense": pytest.approx(4.0),
+                             "comm": pytest.approx(4.0)}
 
 
 def test_a_graph_that_cannot_finish_is_an_error_not_a_hang() -> None:

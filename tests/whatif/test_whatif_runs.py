@@ -244,15 +244,15 @@ def test_the_report_shows_the_quotes(captured: Path, tmp_path: Path) -> None:
     assert "Predicted by recprof whatif (unprofiled step" in html.read_text()
 
 
-def test_hsp_collectives_meet_the_calibrated_contention_only_beside_prefetch_traffic(
+def test_hsp_collectives_meet_the_calibrated_contention_only_where_the_capture_ran_hsp(
         captured: Path) -> None:
     """HSP's collectives run one at a time after the gradient exchange: a capture without them
     says nothing of their contention, and an HSP capture on the emulated link moved its
-    all-reduce as fast as an idle link. So, contention fitted or not, the HSP step must be
-    the same as with the factor set to 1 for them. With DBP the prefetch thread's exchanges
-    run beside them and the factor applies, a larger factor lengthening the step; unless
-    those exchanges are local copies (hsp_groups = world size: sharding groups of one rank),
-    where DBP's all-reduce took as long as HSP's alone (47.0 / 46.2 ms a step, emulated)."""
+    all-reduce as fast as an idle link. DBP puts nothing beside them: the trainer's one thread
+    posts the next batch's fetch before the micro-batches and sends the refresh after the
+    update. So, with DBP or without, on groups of one rank or of two, a larger contention
+    factor lengthens the routing all-to-alls and leaves HSP's collectives at their fitted
+    lines."""
     import dataclasses
 
     from recprof.mirror.command import one_job
@@ -261,23 +261,51 @@ def test_hsp_collectives_meet_the_calibrated_contention_only_beside_prefetch_tra
 
     p = Predictor(measure(one_job([captured])))
     assert p.network.contention > 1.0  # the capture's contention was fitted
-    four = {"world_size": 4, "inter_node_gbit": 10}  # groups of two: DBP's fetch on the wire
-    changes = {"hsp": {"hsp_groups": 2}, "hsp+dbp, groups of one": {"hsp_groups": 2, "dbp": True},
-               "hsp x4": {**four, "hsp_groups": 2},
-               "hsp+dbp x4": {**four, "hsp_groups": 2, "dbp": True}}
-    before = {k: p.predict(c).step_us for k, c in changes.items()}
-    p.network = dataclasses.replace(p.network, contention=p.network.contention * 3)
-    after = {k: p.predict(c) for k, c in changes.items()}
-    assert all(s.step_us is not None for s in after.values()), after
-    grew = {k: after[k].step_us - before[k] for k in changes}
-    hsp_notes = " ".join(after["hsp"].assumptions)
-    assert "move at the fitted lines without the calibrated contention" in hsp_notes
-    assert "move at the fitted lines without the calibrated contention" in " ".join(
-        after["hsp+dbp, groups of one"].assumptions)
-    # Tripled, the factor lengthens the other collectives (key routing, the dense all-reduce)
-    # but not HSP's: the increase is far below what HSP's all-reduce alone would add.
-    assert grew["hsp+dbp x4"] > 2 * grew["hsp x4"], grew
-    assert grew["hsp+dbp, groups of one"] < 2 * grew["hsp"], grew
+    assert p.cfg.hsp_groups == 1
+    four = dataclasses.replace(p.network, inter_bytes_per_us=10e9 / 8 / 1e6)  # 10 Gbit/s
+
+    def transfers(network: object, world: int, dbp: bool) -> dict[str, float]:
+        plan = p.plan({**p.knobs, "hsp_groups": 2, "dbp": dbp}, world=world, network=network)
+        return {name.split("@")[0]: c.transfer_us for name, c in plan.collectives.items()}
+
+    for world, network in ((2, p.network), (4, four)):  # groups of one rank, of two
+        for dbp in (False, True):
+            before = transfers(network, world, dbp)
+            after = transfers(dataclasses.replace(network, contention=network.contention * 3),
+                              world, dbp)
+            assert {k: after[k] for k in ("hsp0", "hsp1", "hsp2")} == pytest.approx(
+                {k: before[k] for k in ("hsp0", "hsp1", "hsp2")}), (world, dbp)
+            assert after["dense"] > 2 * before["dense"], (world, dbp)
+    notes = " ".join(p.predict({"hsp_groups": 2, "dbp": True}).assumptions)
+    assert "move at the fitted lines without the calibrated contention" in notes
+
+
+def test_dbp_prepares_the_next_batch_before_the_first_micro_batch_on_cpu(captured: Path) -> None:
+    """Where the host is the device (CPU), DBP's one thread prepares the next batch before
+    this batch's first micro-batch (recprof/nestpipe/schedule.py), so its fetch travels on
+    gloo's threads while this batch computes; the refresh waits for it after the update. The
+    replay runs each rank's one program in that order, the routing's waits on the step."""
+    from recprof.mirror.command import one_job
+    from recprof.whatif.baseline import measure
+    from recprof.whatif.predict import Predictor
+    from recprof.whatif.replay import Compute
+
+    p = Predictor(measure(one_job([captured])))
+    plan = p.plan({**p.knobs, "micro_batches": 2, "dbp": True})
+    assert sorted(plan.programs) == [0, 1]
+    for program in plan.programs.values():
+        at: dict[str, list[int]] = {}
+        for i, ins in enumerate(program):
+            what = (ins.stage if isinstance(ins, Compute)
+                    else f"{type(ins).__name__.lower()} {ins.name.split('@')[0]}")
+            at.setdefault(what, []).append(i)
+        assert at["data_loading"][0] < at["wait key1"][0] < at["post fwd1"][0] \
+            < at["dense_forward"][0]
+        waits = at["wait fwd0"] + at["wait fwd1"]
+        assert len(waits) == 2 and min(waits) > max(at["optimizer"])
+    scenario = p.predict({"dbp": True})
+    assert scenario.stages["data_loading"] > 0 and scenario.stages["input_dist"] > 0
+    assert any("before the first micro-batch" in a for a in scenario.assumptions)
 
 
 def test_what_moved_is_read_on_the_rank_that_sets_the_step(captured: Path) -> None:
