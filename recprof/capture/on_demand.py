@@ -141,6 +141,7 @@ class OnDemand:
         self._queue: deque[WindowSpec] = deque()
         self.pending: WindowSpec | None = None  # handed to the profiler, not finished
         self.handled: set[str] = set()  # request ids this rank has looked at
+        self._requests = str(run_dir / layout.TRIGGERS)  # stat'ed at every boundary
         self._listed_mtime: int | None = None
         self.stopped: str | None = None  # why this rank records nothing any more
         self.auto = (SlowdownWatch(schedule.auto_slowdown)
@@ -294,15 +295,14 @@ class OnDemand:
     def _look_at_requests(self, step: int) -> None:
         """Take up the node's new requests: one `stat` per boundary, a listing only when the
         folder changed (or changed within RECENT_S, see there)."""
-        folder = self.run_dir / layout.TRIGGERS
         try:
-            mtime = folder.stat().st_mtime_ns
+            mtime = os.stat(self._requests).st_mtime_ns
         except OSError:
             return
         if mtime == self._listed_mtime and time.time() - mtime / 1e9 > RECENT_S:
             return
         self._listed_mtime = mtime
-        for path in sorted(folder.glob("*" + layout.REQUEST_SUFFIX)):
+        for path in sorted((self.run_dir / layout.TRIGGERS).glob("*" + layout.REQUEST_SUFFIX)):
             trigger = path.name.removesuffix(layout.REQUEST_SUFFIX)
             if trigger in self.handled:
                 continue
