@@ -123,6 +123,10 @@ def request_window(run: Path, steps: int | None, ranks: list[int] | None, timeou
               f"{spec.steps[1]} (decided by rank {spec.decided_by} at step {spec.decided_at})")
     parts = _wait(run, timeout, lambda: _window_done(run, spec), waiting_for=spec)
     folder = layout.window_dir(run, spec.name)
+    if not parts:
+        err.print(f"recprof trigger: no rank of this node is among ranks "
+                  f"{', '.join(map(str, spec.ranks or ()))}: they record into their own "
+                  "nodes' run folders")
     missing = {r: p for r, p in parts.items() if p.get("status") != WindowStatus.WRITTEN}
     if missing:
         said = "; ".join(f"rank {r}: {str(p.get('status')).replace('_', ' ')}"

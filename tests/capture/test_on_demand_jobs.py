@@ -4,6 +4,7 @@ when `recprof trigger` asks from another process, and by themselves when the job
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -142,3 +143,42 @@ def test_a_planted_slowdown_is_recorded_by_auto_after_the_baseline(tmp_path: Pat
     summary = " ".join(proc.stderr.split())
     assert "window 02-slowdown against 01-baseline: Step time rose from" in summary
     assert_tables_whole(proc.stderr, WINDOW_COLUMNS)
+
+
+def test_one_trigger_records_every_node_of_a_two_node_job(tmp_path: Path) -> None:
+    """Two torchrun 'nodes' on this host (--nnodes 2, one rank each), each under its own
+    capture into its own folder, as on a cluster: one trigger on node 0 records both ranks,
+    rank 1 into node 1's folder, at the same steps, agreed through the job's store alone (node
+    1's ranks never see node 0's folder)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes, jobs = [tmp_path / "node0", tmp_path / "node1"], []
+    try:
+        for rank, out in enumerate(nodes):
+            cmd = [*_on_demand(out, "--active", "4", "--no-report"), sys.executable, "-m",
+                   "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+                   "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+                   str(port), str(TINY_JOB), "--steps", "300", "--step-sleep", "0.02"]
+            jobs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True, env=JOB_ENV,
+                                               cwd=REPO_ROOT)))
+        _wait_for_steps(nodes[0], 50, jobs[0][1])
+        asked = _trigger(nodes[0])
+        ended = [(cmd, job, *job.communicate(timeout=300)) for cmd, job in jobs]
+    finally:
+        for _, job in jobs:
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
+    for cmd, job, stdout, stderr in ended:
+        assert_finished(subprocess.CompletedProcess(cmd, job.returncode, stdout, stderr))
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.strip() == str(nodes[0] / "windows" / "01-trigger")
+    (window0,), (window1,) = (manifest(out)["windows"] for out in nodes)
+    assert window0["steps"] == window1["steps"] == [window0["first"], window0["first"] + 3]
+    assert window0["ranks_recorded"] == [0] and window1["ranks_recorded"] == [1]
+    first = window0["first"]
+    assert _window_steps(nodes[0], "01-trigger", 0) == list(range(first, first + 4))
+    assert _window_steps(nodes[1], "01-trigger", 1) == list(range(first, first + 4))
+    assert not list((nodes[1] / "triggers").iterdir())  # no request ever reached node 1
