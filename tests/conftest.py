@@ -3,15 +3,45 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from gpu_sets import GPU_SETS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Resolved: tools under test (HTA among them) may run from another working directory.
 SHARED_TRACES = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared"))
                  / "traces").resolve()
+
+
+SHARED_GPU = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared"))
+              / "gpu").resolve()
+
+
+@pytest.fixture(scope="session")
+def shared_gpu() -> Path:
+    """The GPU captures (../shared/gpu), or a clean skip."""
+    if not SHARED_GPU.is_dir():
+        pytest.skip(f"GPU captures not found at {SHARED_GPU} (set RECPROF_SHARED)")
+    return SHARED_GPU
+
+
+@pytest.fixture(scope="session")
+def gpu_analysis(shared_gpu: Path) -> Callable[[str], Any]:
+    """The analysis of a GPU_SETS entry (all its capture folders as one run), once per
+    session."""
+    from recprof.analysis import analyze_paths
+
+    cache: dict[str, Any] = {}
+
+    def get(name: str) -> Any:
+        if name not in cache:
+            cache[name] = analyze_paths([shared_gpu / name / f for f in GPU_SETS[name]])
+        return cache[name]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -36,10 +36,12 @@ def tune(
         Path | None, typer.Option(help="Base trainer config (YAML/TOML); knobs are applied on it.")
     ] = None,
     like: Annotated[
-        Path | None,
+        list[Path] | None,
         typer.Option(
             help="A captured job (capture folder, traces or analysis JSON) to mirror: the base "
-            "config is `recprof mirror` of it, written to OUT/mirror.yaml (docs/mirror.md).",
+            "config is `recprof mirror` of it, written to OUT/mirror.yaml (docs/mirror.md). "
+            "Repeat it for each node folder of a run captured per node (or give the folder "
+            "holding them).",
         ),
     ] = None,
     space: Annotated[
@@ -97,7 +99,7 @@ def tune(
     from tuner.study import TuneSettings, default_study_name, run_tuning
 
     mirrors = None
-    if like is not None:
+    if like:
         if config is not None:
             raise RecprofError("give --config or --like, not both (--like writes the config)")
         config, nproc_per_node, study, out, mirrors = mirror_for_tuning(
@@ -133,8 +135,8 @@ def tune(
         raise typer.Exit(130)
 
 
-def mirror_for_tuning(like: Path, nproc_per_node: int | None, nnodes: int, study: str | None,
-                      out: Path | None, console: Console
+def mirror_for_tuning(like: Path | list[Path], nproc_per_node: int | None, nnodes: int,
+                      study: str | None, out: Path | None, console: Console
                       ) -> tuple[Path, int, str, Path, str]:
     """`--like`: the mirror config (OUT/mirror.yaml), ranks per node, study name, output folder
     and what the study mirrors. The launch and the names come from the job's layout alone, so
@@ -144,12 +146,14 @@ def mirror_for_tuning(like: Path, nproc_per_node: int | None, nnodes: int, study
     from recprof.mirror.command import calibrate_mirror, derive_with_status, one_job
     from recprof.mirror.derive import mirror_launch, mirror_layout
 
-    job = one_job([like])
+    paths = [like] if isinstance(like, Path) else list(like)
+    named = " ".join(map(str, paths))
+    job = one_job(paths)
     nproc_per_node = mirror_launch(mirror_layout(job), nproc_per_node, nnodes, usable_cores())
     name = study or f"like-{job.id}-{nnodes}x{nproc_per_node}"
     out = out or Path("reports") / f"tune-{name}"
     config = out / "mirror.yaml"
-    mirrors = f"job {job.id} ({like})"
+    mirrors = f"job {job.id} ({named})"
     if config.is_file():  # a resumed study keeps the base config its trials ran on
         console.print(f"mirror of {mirrors}: reusing {config} (delete it to mirror again)",
                       highlight=False)
@@ -157,6 +161,6 @@ def mirror_for_tuning(like: Path, nproc_per_node: int | None, nnodes: int, study
         mirrored = derive_with_status(job, console)
         calibrate_mirror(job, mirrored, 4, console)
         out.mkdir(parents=True, exist_ok=True)
-        config.write_text(mirrored.to_yaml(str(like)))
+        config.write_text(mirrored.to_yaml(named))
         console.print(f"mirror of {mirrors}: {config}", highlight=False)
     return config, nproc_per_node, name, out, mirrors

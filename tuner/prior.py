@@ -85,6 +85,7 @@ def build_prior(capture_dir: Path, candidates: Sequence[Knobs], samples_per_step
     """Predict every candidate from the baseline's capture; `RecprofError` says why not."""
     from recprof.mirror.command import one_job
     from recprof.whatif.baseline import measure
+    from recprof.whatif.device import describe
     from recprof.whatif.predict import Predictor
 
     if not capture_dir.is_dir():
@@ -102,5 +103,6 @@ def build_prior(capture_dir: Path, candidates: Sequence[Knobs], samples_per_step
         if on_progress:
             on_progress(i, len(candidates))
     basis = (f"recprof whatif on the baseline's capture: {len(predicted)} configs predicted"
-             + (f", {refused} refused" if refused else "") + f"; {predictor.calibration}")
+             + (f", {refused} refused" if refused else "") + f"; {predictor.calibration}; "
+             f"priced on {describe(predictor.costs)}")
     return Prior(predicted, basis)

@@ -123,6 +123,30 @@ class TrialAnalysis:
 
 
 @dataclass
+class Pace:
+    """How a trial's run went in time, as the runner watched its step log: the baseline's
+    sizes the watchdog of every trial after it."""
+
+    startup_s: float  # launch to the first step line
+    slowest_step_s: float  # the longest wait between two step lines
+    tail_s: float  # the last step line to exit
+    steps: int  # step lines seen
+
+    def encode(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def decode(cls, raw: Any) -> Pace | None:
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return cls(float(raw["startup_s"]), float(raw["slowest_step_s"]),
+                       float(raw["tail_s"]), int(raw["steps"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass
 class TrialRecord:
     """Everything the tuner stores on one trial. None (and `ran` False) means "not stored"."""
 
@@ -150,6 +174,8 @@ class TrialRecord:
     #: that prediction re-fitted on the trials measured before this one's result was known
     #: (`Prior.corrected`): what the tuner believed when it ran it
     refitted: float | None = None
+    #: how its run went in time (the baseline's sizes the hung-trial watchdog)
+    pace: Pace | None = None
 
     @property
     def exposed_ratio(self) -> float | None:
@@ -221,6 +247,7 @@ class TrialRecord:
             "quality_loss": self.quality_loss,
             "predicted_throughput": self.predicted,
             "refitted_throughput": self.refitted,
+            "pace": self.pace.encode() if self.pace else None,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -263,6 +290,7 @@ class TrialRecord:
             quality_loss=attrs.get("quality_loss"),
             predicted=attrs.get("predicted_throughput"),
             refitted=attrs.get("refitted_throughput"),
+            pace=Pace.decode(attrs.get("pace")),
         )
 
     @classmethod

@@ -27,11 +27,55 @@ import orjson
 from recprof.analysis import analyze_paths, load_analysis_json
 from recprof.capture import layout
 from recprof.errors import RecprofError
-from tuner.record import Status, TrialAnalysis
+from tuner.record import Pace, Status, TrialAnalysis
 
 SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
+#: The trainer contract's per-step log (docs/team-contracts.md): one line per finished step.
+PROGRESS_FILE = "metrics.jsonl"
 _TAIL_BYTES = 20_000
 _KILL_GRACE_S = 5.0
+_POLL_S = 0.2
+#: A trial that shows no progress for this many of the slowest steps seen (the baseline's or its
+#: own, whichever is longer) past when its next step was due is ended as hung.
+STALL_STEPS = 3
+#: Start-up (launch to first step) and the tail (last step to exit: evaluation, capture's own
+#: analysis) may take this many times the baseline's before the few steps of slack count.
+FIXED_PHASE_GRACE = 1.5
+#: Never less slack than this: scheduling noise on a loaded host, not a hang.
+MIN_SLACK_S = 5.0
+
+
+@dataclass
+class Watchdog:
+    """Ends a trial that hangs: after the baseline, a trial whose next step (or exit) is later
+    than the baseline's pace allows, by a few steps, is ended, instead of waiting for the hard
+    `--trial-timeout`. The allowance moves with the trial's progress and grows with its own
+    slowest step, so a config that is slower than the baseline but advancing runs to the end;
+    only one that stops advancing (a collective that never completes, a deadlock) is ended.
+    """
+
+    baseline: Pace
+    steps: int  # step lines a trial writes before its tail
+
+    def deadline(self, lines: int, last_line_s: float, own_slowest_s: float
+                 ) -> tuple[float, str]:
+        """(seconds since launch by which the next sign of life is due, what is awaited)."""
+        base = self.baseline
+        slack = max(STALL_STEPS * max(base.slowest_step_s, own_slowest_s), MIN_SLACK_S)
+        if lines == 0:
+            return FIXED_PHASE_GRACE * base.startup_s + slack, "its first step"
+        if lines < self.steps:
+            return last_line_s + slack, f"step {lines + 1} of {self.steps}"
+        return last_line_s + FIXED_PHASE_GRACE * base.tail_s + slack, "its exit after the last step"
+
+
+def _count_lines(path: Path) -> int:
+    """Complete lines in the step log so far (0 while it does not exist)."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read().count(b"\n")
+    except OSError:
+        return 0
 
 
 @dataclass
@@ -46,6 +90,7 @@ class TrialOutcome:
     analysis: TrialAnalysis | None = None
     analysis_error: str | None = None
     report: str | None = None
+    pace: Pace | None = None  # None when the trainer wrote no step lines
 
     @property
     def ok(self) -> bool:
@@ -139,30 +184,71 @@ def _kill_session(sid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def run_process(
-    argv: Sequence[str], trial_dir: Path, timeout_s: float | None
-) -> tuple[int | None, bool, float]:
-    """Run argv in its own session, logs in trial_dir; returns (returncode, timed_out, wall_s).
+@dataclass
+class ProcessEnd:
+    """How a trial's process ended: its exit code (None when it was ended), why it was ended,
+    its wall time, and the pace of its step log."""
 
-    On KeyboardInterrupt the whole group is ended before the interrupt propagates, so Ctrl-C
-    never leaves ranks running.
+    returncode: int | None
+    ended: str | None
+    wall_s: float
+    pace: Pace | None
+
+
+def run_process(
+    argv: Sequence[str], trial_dir: Path, timeout_s: float | None,
+    watchdog: Watchdog | None = None,
+) -> ProcessEnd:
+    """Run argv in its own session, logs in trial_dir, watching `trial_dir/metrics.jsonl`.
+
+    It is ended (every process of its session) after `timeout_s`, or as soon as `watchdog`
+    finds it stalled. On KeyboardInterrupt the whole group is ended before the interrupt
+    propagates, so Ctrl-C never leaves ranks running.
     """
     trial_dir.mkdir(parents=True, exist_ok=True)
     (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
+    progress = trial_dir / PROGRESS_FILE
     start = time.monotonic()
+    lines, first_s, last_s, slowest = 0, None, 0.0, 0.0
+    ended = None
     with (trial_dir / "stdout.log").open("wb") as out, (trial_dir / "stderr.log").open("wb") as err:
         proc = subprocess.Popen(list(argv), stdout=out, stderr=err, start_new_session=True)
         try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            return None, True, time.monotonic() - start
+            while True:
+                try:
+                    rc: int | None = proc.wait(timeout=_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic() - start
+                seen = _count_lines(progress)
+                if seen > lines:
+                    slowest = max(slowest, now - (last_s if lines else now))
+                    first_s = now if first_s is None else first_s
+                    lines, last_s = seen, now
+                if timeout_s is not None and now > timeout_s:
+                    ended = f"no result within {timeout_s:g} s"
+                elif watchdog is not None:
+                    due, awaited = watchdog.deadline(lines, last_s, slowest)
+                    if now > due:
+                        ended = (f"hung: no sign of {awaited} {now - (last_s or 0.0):.1f} s "
+                                 f"after {'its last step' if lines else 'launch'} (the "
+                                 f"baseline's pace allowed {due - (last_s or 0.0):.1f} s)")
+                if ended is not None:
+                    kill_group(proc)
+                    rc = None
+                    break
         except BaseException:
             kill_group(proc)
             raise
-    # The launcher is gone; end anything it left behind.
-    _kill_session(proc.pid)
-    return rc, False, time.monotonic() - start
+    wall = time.monotonic() - start
+    if ended is None:
+        _kill_session(proc.pid)  # the launcher is gone; end anything it left behind
+    lines_total = _count_lines(progress)
+    pace = None
+    if lines_total and first_s is not None:
+        pace = Pace(first_s, slowest, wall - last_s, lines_total)
+    return ProcessEnd(rc, ended, wall, pace)
 
 
 def _tail(path: Path) -> str:
@@ -270,6 +356,8 @@ class TrialRunner:
     capture: bool
     timeout_s: float | None
     window: Sequence[str] = ()
+    #: Set once the baseline has run (tuner/study.py): ends hung trials early.
+    watchdog: Watchdog | None = None
 
     def run(self, argv: Sequence[str], trial_dir: Path, capture: bool | None = None
             ) -> TrialOutcome:
@@ -278,24 +366,22 @@ class TrialRunner:
         capture = self.capture if capture is None else capture and self.capture
         capture_dir = trial_dir / "capture"
         full = capture_argv(capture_dir, self.window, argv) if capture else list(argv)
-        rc, timed_out, wall = run_process(full, trial_dir, self.timeout_s)
+        end = run_process(full, trial_dir, self.timeout_s, self.watchdog)
+        rc, wall = end.returncode, end.wall_s
         log = _tail(trial_dir / "stderr.log") + "\n" + _tail(trial_dir / "stdout.log")
-        if timed_out:
-            return TrialOutcome(
-                Status.TIMEOUT,
-                f"no result within {self.timeout_s:g} s; all processes ended",
-                wall,
-                None,
-            )
+        if end.ended is not None:
+            return TrialOutcome(Status.TIMEOUT, f"{end.ended}; all processes ended", wall, None,
+                                pace=end.pace)
         if rc != 0:
             status, reason = classify_failure(rc, log)
-            return TrialOutcome(status, reason, wall, rc)
+            return TrialOutcome(status, reason, wall, rc, pace=end.pace)
         summary = read_summary(trial_dir / "summary.json")
         if summary is None:
             return TrialOutcome(
-                Status.NO_SUMMARY, f"exit 0 but no valid {SUMMARY_SCHEMA} summary.json", wall, rc
+                Status.NO_SUMMARY, f"exit 0 but no valid {SUMMARY_SCHEMA} summary.json", wall, rc,
+                pace=end.pace,
             )
-        outcome = TrialOutcome(Status.OK, None, wall, rc, summary=summary)
+        outcome = TrialOutcome(Status.OK, None, wall, rc, summary=summary, pace=end.pace)
         if capture:
             outcome.analysis, outcome.analysis_error, outcome.report = analyse_capture(
                 capture_dir, trial_dir

@@ -58,6 +58,7 @@ from tuner.report import write_tuning_report
 from tuner.runner import (
     TrialOutcome,
     TrialRunner,
+    Watchdog,
     capture_available,
     capture_window,
     unprofiled_throughput,
@@ -256,7 +257,11 @@ class Tuner:
         self.study.enqueue_trial(params, user_attrs=TrialRecord(role=Role.BASELINE).encode())
 
     def _after_baseline(self, baseline: FrozenTrial) -> dict[str, Any]:
-        """Decide pruning from the baseline's analysis once; queue the space file's configs."""
+        """Decide pruning from the baseline's analysis once; queue the space file's configs;
+        size the hung-trial watchdog from the baseline's pace."""
+        pace = TrialRecord.load(baseline).pace
+        if pace is not None and self.runner.watchdog is None:
+            self.runner.watchdog = Watchdog(pace, pace.steps)
         if StudyRecord.load(self.study).pruned_knobs is None:
             analysis = TrialRecord.load(baseline).analysis
             pruned = prune_knobs(analysis.numbers if analysis else None, self.space.searched())
@@ -373,6 +378,7 @@ class Tuner:
         rec.ran = True
         rec.status = outcome.status
         rec.wall_s = round(outcome.wall_s, 3)
+        rec.pace = outcome.pace
         prior = self._prior()
         if prior is not None:
             rec.predicted = prior.predicted.get(knobs_key(knobs))

@@ -20,6 +20,9 @@ Each switch is a pattern seen in real training scripts:
                           gloo exit race does (recprof/exit_race.py; TorchRec's golden DLRM
                           aborted so in 1 run of 3)
     --abort-after-loop    os.abort() right after the training loop, before any exit handler
+    --prepare-thread      the next batch is prepared on a helper thread while the step runs (a
+                          prefetching input pipeline: ids deduplicated, features drawn, under
+                          `tiny_job:prepare`): its ops must be in the trace too
 
     torchrun --standalone --nproc_per_node 2 examples/capture_cases/tiny_job.py --steps 8
     python examples/capture_cases/tiny_job.py --steps 8      # one process, world size 1
@@ -37,6 +40,7 @@ import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from itertools import pairwise
 from typing import Any
@@ -64,6 +68,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slow-factor", type=float, default=2.0)
     parser.add_argument("--abort-at-exit", action="store_true")
     parser.add_argument("--abort-after-loop", action="store_true")
+    parser.add_argument("--prepare-thread", action="store_true")
     return parser.parse_args()
 
 
@@ -87,6 +92,13 @@ def own_profiler(args: argparse.Namespace) -> AbstractContextManager[Any]:
             args.legacy_profiler == "enabled", record_shapes=True
         )
     return nullcontext()
+
+
+def prepare() -> torch.Tensor:
+    """One batch's input work (the helper thread's, with --prepare-thread)."""
+    with torch.profiler.record_function("tiny_job:prepare"):
+        torch.unique(torch.randint(0, 1000, (4096,)), return_inverse=True)
+        return torch.randn(64, 32)
 
 
 def sleep_before(args: argparse.Namespace, step: int) -> float:
@@ -127,6 +139,8 @@ def main() -> None:
     model = DistributedDataParallel(planted)
     tops: list[float] = []  # when each iteration started
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
+    helper = ThreadPoolExecutor(1, thread_name_prefix="prepare") if args.prepare_thread else None
+    upcoming = helper.submit(prepare) if helper else None
     with own_profiler(args) as prof:
         for step in range(args.steps):
             tops.append(time.perf_counter())
@@ -136,7 +150,10 @@ def main() -> None:
             time.sleep(sleep_before(args, step))
             if rank == args.crash_rank and step == args.crash_step:
                 raise RuntimeError(f"injected failure on rank {rank} at step {step}")
-            x = torch.randn(64, 32)
+            if helper is not None and upcoming is not None:
+                x, upcoming = upcoming.result(), helper.submit(prepare)
+            else:
+                x = torch.randn(64, 32)
             loss = model(x).pow(2).mean()
             loss.backward()
             if optimizer is not None:
@@ -153,6 +170,8 @@ def main() -> None:
                 recprof.step()
             if args.self_profile:
                 prof.step()
+    if helper is not None:
+        helper.shutdown()
     if args.abort_after_loop:
         os.abort()
     dist.destroy_process_group()

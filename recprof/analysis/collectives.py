@@ -53,6 +53,8 @@ class CollectiveRecords:
     #: split a kind by group and purpose, and concurrent calls would count twice summed).
     exposed_by_kind: dict[str, float] = field(default_factory=dict)
     sends: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))  # per peer
+    #: Per instance: its purpose was inferred from the trace, not read from a label.
+    inferred: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     #: Where the trace measures it (HCCL): each instance's wait as the vendor counts it (NaN
     #: elsewhere) and its wait per peer before moving data ({peer: us}, None elsewhere).
     wait: np.ndarray = field(default_factory=lambda: np.empty(0))
@@ -87,9 +89,10 @@ class CollectiveRecords:
 
 
 def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Window],
-                       purposes: np.ndarray) -> CollectiveRecords:
+                       purposes: np.ndarray, inferred: np.ndarray) -> CollectiveRecords:
     """This rank's collective instances in the analysed windows; `purposes` holds the purpose
-    index (vocabulary.PURPOSES) of every activity (stages.attribute)."""
+    index (vocabulary.PURPOSES) of every activity and `inferred` whether it was inferred
+    rather than labelled (stages.attribute)."""
     acts = trace.activities
     idx = np.flatnonzero((acts.klass == ActivityClass.COMM) & (acts.coll_kind >= 0))
     if windows:
@@ -130,7 +133,8 @@ def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Wind
                              sends=acts.coll_sends[idx], exposed_by_kind=exposed_kind,
                              wait=acts.coll_wait[idx] if measured else np.full(idx.size, np.nan),
                              peer_wait=(acts.coll_peer_wait[idx] if measured
-                                        else np.full(idx.size, None, dtype=object)))
+                                        else np.full(idx.size, None, dtype=object)),
+                             inferred=inferred[idx])
 
 
 def _gbps(nbytes: float, dur_us: float) -> float:
@@ -161,6 +165,7 @@ def job_collectives(
             a = acc[key]
             a["count"] += 1
             a["total"] += dur
+            a["inferred"] += bool(records.inferred[i])
             nbytes = float(records.nbytes[i])
             if not np.isnan(nbytes):
                 a["bytes"] += nbytes
@@ -185,7 +190,7 @@ def job_collectives(
             exposed_us=a["exposed"], bytes=a["bytes"] if sized else None, sized_count=sized,
             mean_bytes=a["bytes"] / sized if sized else None, algbw_gbps=alg,
             busbw_gbps=alg * bus_factor(kind, size) if alg is not None else None,
-            group_size=size, purpose=purpose,
+            group_size=size, purpose=purpose, purpose_inferred=a["inferred"] == a["count"],
         ))
     stats.sort(key=lambda s: -s.total_us)
     return stats, samples

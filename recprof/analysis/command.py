@@ -17,6 +17,7 @@ from recprof.analysis.executors import DASK_INSTALL_HINT, open_executor
 from recprof.analysis.frameworks import framework_line
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.pipeline import analyze_paths
+from recprof.analysis.run import check_runs
 from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
 
@@ -39,6 +40,7 @@ def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: 
                           workers: int | None) -> AnalysisResult:
     """`analyze_paths` on the executor the options ask for, with a progress bar across ranks
     on standard error (when it is a terminal)."""
+    check_runs(paths)
     err = Console(stderr=True, soft_wrap=True)
     executor = open_executor(scheduler, workers)
     with executor or nullcontext(), Progress(
@@ -58,7 +60,8 @@ def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: 
 def analyze(
     paths: Annotated[list[Path], typer.Argument(
         help="Trace files (.json, .json.gz) or folders holding them; one folder may hold "
-             "several jobs.", show_default=False)],
+             "several jobs. A run captured per node is every node's capture folder (or the "
+             "folder holding them).", show_default=False)],
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the full analysis (schema recprof.analysis/2: per-rank "
                        "breakdowns, collectives, skew, findings, verdict) here; `-` writes it to "
@@ -200,13 +203,15 @@ def _print_collectives(job: JobAnalysis, console: Console) -> None:
     rows = sorted(job.collectives, key=lambda c: -c.total_us_per_step)
     for c in rows[:MAX_COLLECTIVE_ROWS]:
         count = c.count_per_step
-        table.add_row(c.kind, c.purpose, escape(c.process_group),
+        table.add_row(c.kind, c.purpose + ("*" if c.purpose_inferred else ""),
+                      escape(c.process_group),
                       f"{count:.1f}" if count % 1 else f"{count:.0f}",
                       units.ms_cell(c.total_us_per_step), units.ms_cell(c.exposed_us_per_step),
                       units.size(c.bytes_per_step) if c.bytes_per_step else "unknown")
     terminal.print_table(console, table, (
         "Collectives per step, mean over ranks: n calls, ms in them, exp.ms of that not under "
-        "compute, bytes sent"))
+        "compute, bytes sent" + ("; * what it carries is inferred from the trace, no label "
+                                 "says" if any(c.purpose_inferred for c in rows) else "")))
     if len(rows) > MAX_COLLECTIVE_ROWS:
         console.print(f"  ... {len(rows) - MAX_COLLECTIVE_ROWS} more (see --json or the report)")
 
@@ -221,7 +226,8 @@ def _print_findings(job: JobAnalysis, console: Console) -> None:
     console.print(f"  [bold]verdict:[/] {escape(job.verdict)}", highlight=False)
     for i, f in enumerate(job.findings, start=1):
         gain = (f"up to {units.duration(f.recoverable_us_per_step)} per step "
-                f"({100 * f.recoverable_fraction:.0f}% of the step)")
+                f"({100 * f.recoverable_fraction:.0f}% of the step)"
+                if f.recoverable_us_per_step > 0 else "not a cost in time")
         if i > MAX_FINDINGS_SHOWN:
             console.print(f"  {i}. [{f.severity}] {escape(f.title)}: {gain}", highlight=False)
             continue

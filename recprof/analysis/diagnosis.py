@@ -30,9 +30,11 @@ from recprof.analysis.frameworks import (
     BALANCE,
     DATA,
     DENSE_COMM,
+    DEVICE,
     FEWER_EXCHANGES,
     FEWER_REDUCTIONS,
     H2D,
+    HELD,
     LATE_RANK,
     LAUNCH,
     LOCALITY,
@@ -42,8 +44,9 @@ from recprof.analysis.frameworks import (
     nestpipe_config,
     remedy,
 )
-from recprof.analysis.model import CollectiveStats, Finding
+from recprof.analysis.model import CollectiveStats, Finding, IssueOrder, SharedDevice
 from recprof.nestpipe.knobs import searched_by_default
+from recprof.trace.devices import of_document as device_facts
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
 if TYPE_CHECKING:
@@ -91,6 +94,9 @@ KEY_PURPOSES = frozenset({"kjt_splits", "kjt_lengths", "kjt_values", "key_routin
 #: Idle-gap causes that mean "the host did not feed the device" (analysis vocabulary).
 DATA_CAUSES = frozenset({"data_loading"})
 LAUNCH_CAUSES = frozenset({"host_bound_launch"})
+#: Idle-gap causes that mean "launched work sat held on the device by something outside the
+#: rank" (another process on the same device).
+HELD_CAUSES = frozenset({"device_held"})
 
 #: Knobs the tuner searches by default; others must be set in the base config.
 TUNER_DEFAULT_SPACE = frozenset(searched_by_default())
@@ -166,10 +172,15 @@ class JobFacts:
     exposed_embedding_by_purpose: dict[str, float] = field(default_factory=dict)
     #: The built-in trainer's config file the job ran with, when `recprof tune` can use it.
     nestpipe_config: str | None = None
-    #: The capture run folder around the traces (None for bare traces) and whether the job
-    #: exchanges embeddings by all-to-all: together, whether `recprof tune --like` applies.
-    run_dir: str | None = None
+    #: The paths that name the capture run around the traces (its folder, or each node's;
+    #: none for bare traces) and whether the job exchanges embeddings by all-to-all:
+    #: together, whether `recprof tune --like` applies.
+    run_dirs: list[str] = field(default_factory=list)
     has_embedding_exchange: bool = False
+    #: The ranks' cross-group order of collectives (analysis/issue_order.py), when known.
+    issue_order: IssueOrder | None = None
+    #: Ranks that share one physical device (recprof/analysis/sharing.py).
+    shared_devices: list[SharedDevice] = field(default_factory=list)
     #: The peer the traces measure the others waiting for (analysis/peer_waits.py), when the
     #: straggler rule named nobody: its rank, whether its trace is here, its cost per step, the
     #: rule as applied, and its blocking wait per collective kind (mean over ranks per step).
@@ -232,9 +243,10 @@ def tune_command(facts: JobFacts, mechanisms: Iterable[str]) -> str | None:
             return None
         return (f"recprof tune --nproc-per-node {max(facts.world_size, 1)} "
                 f"--config {facts.nestpipe_config} --trials {trials}")
-    if facts.run_dir is None or not facts.has_embedding_exchange or facts.world_size < 2:
+    if not facts.run_dirs or not facts.has_embedding_exchange or facts.world_size < 2:
         return None
-    return f"recprof tune --like {shlex.quote(facts.run_dir)} --trials {trials}"
+    like = " ".join(f"--like {shlex.quote(d)}" for d in facts.run_dirs)
+    return f"recprof tune {like} --trials {trials}"
 
 
 def _remedies(facts: JobFacts, *mechanisms: str) -> tuple[list[str], str]:
@@ -558,10 +570,10 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)  # what a cause must reach to count
     if host < floor:
         return None
-    cpu = facts.device_kind == "cpu"
+    device = device_facts(facts.device_kind)
+    cpu = not device.queues_work  # the "device" is the thread itself: nothing is launched
     launch_words = "host overhead between ops" if cpu else "host-bound launch"
-    idles = (f"the {'main thread' if cpu else 'device'} idles {_pct(host, step):.0f}% of the "
-             f"step ({_ms(host)} per step)")
+    idles = f"the {device.device} idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step)"
     # The smaller cause gets its own remedies too where it alone would pass the thresholds:
     # a ResNet50 on V100 (kineto_tb_plugin 2021-01, num_workers=0) idled 58 ms per 214 ms
     # step on launches and 47 ms on its DataLoader, and was told only about launches.
@@ -570,12 +582,12 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
         mechanisms = (DATA, LAUNCH) if data >= launch else (LAUNCH, DATA)
         causes = sorted(((data, "input data"), (launch, launch_words)), reverse=True)
         title = ("Main thread waiting for input data and between ops" if cpu else
-                 "Device idle, waiting for input data and for the host to launch work")
+                 f"{device.device} idle, waiting for input data and for the host to launch work")
         headline = f"{idles} on the host: " + " and ".join(
             f"{words} {_ms(us)}" for us, words in causes)
     elif data >= launch:
         mechanisms = (DATA,)
-        title = "Device idle, waiting for input data"
+        title = f"{device.device.capitalize()} idle, waiting for input data"
         headline = f"{idles} waiting for input data"
     else:
         mechanisms = (LAUNCH,)
@@ -584,7 +596,7 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
             headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
                         f"({_ms(host)} per step) between ops, in Python and framework overhead")
         else:
-            title = "Device idle, waiting for the host to launch work"
+            title = f"{device.device} idle, waiting for the host to launch work"
             headline = f"{idles} waiting for the host to launch work"
     remedy_words = ("feeding the steps and cutting the host overhead" if both else
                     "feeding the steps" if data >= launch else "cutting that overhead")
@@ -598,6 +610,140 @@ def rule_host_idle(facts: JobFacts) -> Finding | None:
     )
 
 
+def rule_collective_order(facts: JobFacts) -> Finding | None:
+    """Collectives of several process groups issued in an order that differs across ranks, or
+    left to thread scheduling: a hang on NCCL, not a cost in time.
+
+    An order that differs is high severity whatever the backend (gloo survives it, the same
+    program on NCCL does not); groups issued from different threads whose orders agreed in
+    this run are medium: nothing stops them from differing in the next.
+    """
+    order = facts.issue_order
+    if order is None or not (order.divergences or order.concurrent):
+        return None
+    advice = ("Issue every collective from one thread, in the same program order on every "
+              "rank: overlap communication with asynchronous work handles (async_op=True, "
+              "waited where the result is needed) and side streams instead of a second thread, "
+              "as TorchRec's TrainPipelineSparseDist does; or carry both kinds of traffic on "
+              "one process group.")
+    threads = "; ".join(f"group {g}: {', '.join(t)}" for g, t in order.threads.items())
+    source = ("capture's issue log (every collective from the start)" if order.source == "capture"
+              else "the traces (collectives whose group they name, step by step)"
+              if order.source == "trace" else "capture's issue logs and the traces")
+    evidence = [f"issuing threads, {threads}",
+                f"{order.compared} collectives compared across ranks, read from {source}"]
+    if order.note:
+        evidence.append(order.note)
+    if order.divergences:
+        first = order.divergences[0]
+        g, h = first.groups
+        evidence = [f"rank {d.ranks[0]} issued {d.first} before {d.second}; rank {d.ranks[1]} "
+                    f"issued {d.second} first" for d in order.divergences] + evidence
+        title = "Collectives of two process groups issued in opposite orders on different ranks"
+        headline = (f"ranks {first.ranks[0]} and {first.ranks[1]} issue collectives of process "
+                    f"groups {g} and {h} in opposite orders, which can hang the job on NCCL")
+        severity = "high"
+        estimate = ("a hang, not a cost in time: each NCCL collective waits for every member "
+                    "of its group, so two ranks that each wait in the other group's collective "
+                    "first wait forever (gloo runs each group on its own threads and finishes)")
+    else:
+        g, h = order.concurrent[0]
+        pairs = ", ".join(f"{a} and {b}" for a, b in order.concurrent)
+        evidence.insert(0, f"groups issued from more than one thread on a rank: {pairs}; "
+                           "in this run the ranks' orders agreed")
+        title = "Collectives of two process groups issued from different threads"
+        headline = (f"process groups {g} and {h} are issued from different host threads, so "
+                    "their order on each rank is the scheduler's choice: a hang risk on NCCL")
+        severity = "medium"
+        estimate = ("a hang risk, not a cost in time: the day two ranks' threads interleave "
+                    "differently, each can wait in a collective its peer issues later")
+    return Finding(id="collective_order", title=title, headline=headline, severity=severity,
+                   recoverable_us_per_step=0.0, recoverable_fraction=0.0, evidence=evidence,
+                   estimate=estimate, advice=advice)
+def _rank_words(ranks: list[int]) -> str:
+    """`ranks 0 and 1`, `ranks 0, 1 and 2`."""
+    shown = [str(r) for r in ranks]
+    return "ranks " + (", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1
+                       else shown[0])
+
+
+def rule_shared_device(facts: JobFacts) -> Finding | None:
+    """Two or more ranks run on one physical device.
+
+    Every timing of theirs includes the others' work, and the what-if and the tuner assume a
+    device per rank, so the finding is high whatever it costs. Its cost is what the trace
+    measures of the sharing: the time the ranks' launched work sat held on the device while
+    nothing of their own ran on it (idle.DEVICE_HELD), as the mean over the job's ranks. It is
+    a lower bound on what separate devices recover: under time slicing the kernels' own
+    durations include the other ranks' slices too, and under concurrent sharing (MPS) the
+    ranks split the device's compute units without leaving any queue to measure.
+    """
+    if not facts.shared_devices:
+        return None
+    words = device_facts(facts.device_kind)
+    held = {r.rank: sum(v for k, v in r.idle_by_cause_us.items() if k in HELD_CAUSES)
+            for r in facts.ranks}
+    sharing = sorted({r for group in facts.shared_devices for r in group.ranks})
+    cost = sum(held.get(r, 0.0) for r in sharing) / max(len(facts.ranks), 1)
+    step = facts.step_us
+    groups = [f"{_rank_words(g.ranks)} on {g.device}"
+              + (f" (host {g.host})" if g.host and g.host not in g.device else "")
+              + f", from {'capture metadata' if g.source == 'capture' else 'the trace'}"
+              for g in facts.shared_devices]
+    unit = words.compute_unit + "s" if words.compute_unit else "compute units"
+    lead = facts.shared_devices[0]
+    found = _finding(
+        facts, id="shared_device",
+        title=f"{_rank_words(sharing).capitalize()} share a {words.device}",
+        headline=(f"{_rank_words(lead.ranks)} share one {words.device} ({lead.device}): their "
+                  f"launched work sat queued {_ms(cost)} per step ({_pct(cost, step):.0f}% "
+                  f"of the step) while the {words.device} ran another rank's, and every "
+                  f"timing here includes the others' work"),
+        evidence=[
+            "sharing one device: " + "; ".join(groups),
+            "queued per step while the device ran another rank's work: " + ", ".join(
+                f"rank {r} {_ms(held.get(r, 0.0))}" for r in sharing),
+            f"not counted: the kernels' own durations include the other ranks' time slices, "
+            f"and ranks that run side by side split its {unit} and memory bandwidth",
+        ],
+        estimate=(f"a {words.device} per rank takes away the queued time, {_ms(cost)} per "
+                  f"step (mean over the job's ranks), and the slowdown the others' work causes "
+                  f"inside the kernels, which the trace does not measure; what-if predictions "
+                  f"and tuning assume a {words.device} per rank"),
+        recoverable_us=cost, mechanisms=(DEVICE,),
+    )
+    return dataclasses.replace(found, severity="high")
+
+
+def rule_queued_idle(facts: JobFacts) -> Finding | None:
+    """Launched work sat queued on the device while nothing of its rank ran, and no known
+    sharing explains it (ranks named sharing a device are `rule_shared_device`'s).
+
+    The idle time is not the host's (the work was issued) and nothing in the trace holds it
+    back: another process on the device, or a stream waiting on something outside this
+    process. Left out, a job whose device idles most of the step would read as fine.
+    """
+    sharing = {r for group in facts.shared_devices for r in group.ranks}
+    by_rank = {r.rank: 0.0 if r.rank in sharing else
+               sum(v for k, v in r.idle_by_cause_us.items() if k in HELD_CAUSES)
+               for r in facts.ranks}
+    held = _mean(by_rank.values())
+    step = facts.step_us
+    if held < max(IDLE_MIN_US, IDLE_MIN_FRACTION * step):
+        return None
+    words = device_facts(facts.device_kind)
+    return _finding(
+        facts, id="queued_idle", title=f"{words.device} idle with launched work queued",
+        headline=(f"the {words.device} idles {_pct(held, step):.0f}% of the step "
+                  f"({_ms(held)} per step) with launched work queued on it that nothing in "
+                  f"this trace holds back"),
+        evidence=["queued per step with nothing of the rank running: " + ", ".join(
+            f"rank {r} {_ms(us)}" for r, us in by_rank.items() if r not in sharing)],
+        estimate=f"removing what holds the {words.device} recovers up to {_ms(held)} per step",
+        recoverable_us=held, mechanisms=(HELD,),
+    )
+
+
 #: Every rule, in no particular order: findings are ranked by recoverable time.
 RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_embedding_comm,
@@ -607,6 +753,9 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_small_messages,
     rule_exposed_h2d,
     rule_host_idle,
+    rule_collective_order,
+    rule_shared_device,
+    rule_queued_idle,
 )
 
 
@@ -625,8 +774,9 @@ def verdict(job: JobAnalysis, found: list[Finding]) -> str:
     """The single largest bottleneck in plain words, with ms/step and % of the step.
 
     The top finding's headline leads; a straggler finding that is not on top but still
-    significant is added, because "who the others wait for" changes what to fix first. With
-    no finding, what the step is made of.
+    significant is added, because "who the others wait for" changes what to fix first, and so
+    is a high `collective_order` finding (a hang comes before any time) and a shared-device one
+    (it changes every number). With no finding, what the step is made of.
     """
     step = job.per_step.step
     if not found:
@@ -638,6 +788,14 @@ def verdict(job: JobAnalysis, found: list[Finding]) -> str:
     straggler = next((f for f in found[1:] if f.id == "straggler"), None)
     if straggler is not None and straggler.severity != "low":
         text += f"; {straggler.headline}"
+    hang = next((f for f in found[1:] if f.id == "collective_order" and f.severity == "high"),
+                None)
+    if hang is not None:  # ranked by time it comes last, yet it can stop the job
+        text += f"; {hang.headline}"
+    # Ranks sharing a device change every number above: always said.
+    shared = next((f for f in found[1:] if f.id == "shared_device"), None)
+    if shared is not None:
+        text += f"; {shared.headline}"
     return text + "."
 
 
@@ -647,6 +805,8 @@ _CAUSE_GROUP = {
     idle.HOST_OVERHEAD: "host_bound_launch",
     idle.COLLECTIVE_WAIT: "collective",
     idle.COPY_WAIT: "copy",
+    idle.DEVICE_HELD: "device_held",
+    idle.STREAM_WAIT: "stream_wait",
 }
 
 
@@ -754,8 +914,10 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         exposed_by_kind=dict(job.exposed_comm_us_per_step_by_kind),
         exposed_embedding_by_purpose=exposed_by_purpose,
         nestpipe_config=nestpipe_config(job.run.command, job.run.cwd) if job.run else None,
-        run_dir=job.run.run_dir if job.run else None,
+        run_dirs=(job.run.run_dirs or [job.run.run_dir]) if job.run else [],
         has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
+        issue_order=job.issue_order,
+        shared_devices=list(job.shared_devices),
         **_late_peer_facts(job),
     )
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recprof.trace.devices import of_document as device_facts
+
 #: Most specific first: a job showing several signatures is the first of them.
 PRECEDENCE = ("nestpipe", "torchrec", "megatron", "fsdp", "ddp")
 
@@ -73,6 +75,8 @@ H2D = "h2d"  # hide the host-to-device copy
 DATA = "data"  # feed the steps faster
 LAUNCH = "launch"  # GPU: fewer, cheaper kernel launches
 HOST = "host"  # CPU: less host work between ops
+DEVICE = "device"  # one device per rank (ranks that share one)
+HELD = "held"  # find what holds the device while launched work waits
 LATE_RANK = "late_rank"  # find out why one rank arrives late (its trace may be missing)
 
 
@@ -102,6 +106,21 @@ _DDP_DENSE = Remedy(
     "DDP overlaps its all-reduce with the backward pass bucket by bucket: a smaller "
     "bucket_cap_mb starts it earlier, gradient_as_bucket_view saves the copies, a bf16 "
     "compression hook halves the bytes, and no_sync skips it on gradient-accumulation steps.")
+
+#: The same in every framework: the device assignment is the launcher's, not the model's. Its
+#: words for the device kind come from `remedy` (recprof/trace/devices.py).
+_OWN_DEVICE = Remedy(
+    ("one device per rank",),
+    "Give every rank its own {device}: select each rank's device from its LOCAL_RANK, and "
+    "check that the launcher's visible-devices setting (CUDA_VISIBLE_DEVICES and the like) "
+    "does not hand every rank the same one.{sharing}")
+
+_HELD_DEVICE = Remedy(
+    (),
+    "Find what holds the {device} while this job's launched work waits: another process on "
+    "it (the driver's list of the {device}'s processes shows them), or a stream waiting on "
+    "something outside this process (an event of another device or process, a value the host "
+    "writes). recprof capture records the stream waits the profiler can show.{sharing}")
 
 #: Wire precisions a framework can send its embedding exchange in on a device kind, where that
 #: is not every one the replay knows: TorchRec's QComms on CPU sends FP16 and BF16 (as FP16)
@@ -146,6 +165,8 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
                        "a larger per-rank batch_size gives each launch more work. Keep "
                        "fuse_tables=true (the default), one all-to-all per embedding dimension "
                        "instead of one per table."),
+        DEVICE: _OWN_DEVICE,
+        HELD: _HELD_DEVICE,
         HOST: Remedy(("batch_size", "fuse_tables"),
                      "A larger batch_size amortises the per-step Python work; keep "
                      "fuse_tables=true (the default), which merges per-table work into fewer "
@@ -193,6 +214,8 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
                     "pin the DataLoader's memory so the copy can be asynchronous."),
         DATA: _DATA_LOADER,
         LAUNCH: _GENERIC_LAUNCH,
+        DEVICE: _OWN_DEVICE,
+        HELD: _HELD_DEVICE,
         HOST: _CPU_HOST,
     },
     "ddp": {
@@ -220,6 +243,8 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
                     "stream, one batch ahead."),
         DATA: _DATA_LOADER,
         LAUNCH: _GENERIC_LAUNCH,
+        DEVICE: _OWN_DEVICE,
+        HELD: _HELD_DEVICE,
         HOST: _CPU_HOST,
     },
 }
@@ -273,6 +298,12 @@ def remedy(framework: str, mechanism: str, device_kind: str) -> Remedy:
     chosen = table.get(mechanism, _GENERAL[mechanism])
     if chosen is _DEVICE_NEUTRAL.get(mechanism):
         return DEVICE_REMEDIES.get((device_kind, mechanism), chosen)
+    if mechanism in (DEVICE, HELD):
+        words = device_facts(device_kind)
+        sharing = (f" Where sharing is intended, {words.concurrent_sharing} lets the ranks' "
+                   f"kernels run side by side instead of in turns."
+                   if words.concurrent_sharing else "")
+        return Remedy(chosen.knobs, chosen.advice.format(device=words.device, sharing=sharing))
     return chosen
 
 

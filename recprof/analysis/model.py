@@ -82,11 +82,17 @@ class StageTime:
 
 @dataclass
 class IdleGap:
+    """One idle gap (recprof/analysis/idle.py). On a device that queues work it splits at the
+    launch of the work that ends it: `cause` names the larger part's cause, `queued_us` is the
+    part where that work sat queued on the device and `queued_cause` why."""
+
     start_us: float
     dur_us: float
     step: int | None
     cause: str
     detail: str = ""
+    queued_us: float = 0.0
+    queued_cause: str = ""
 
 
 @dataclass
@@ -95,9 +101,15 @@ class IdleGapSummary:
     total_us: float = 0.0
     p50_us: float = 0.0
     max_us: float = 0.0
+    #: Idle time per cause, the host and the queued parts of each gap under their own causes.
     by_cause_us: dict[str, float] = field(default_factory=dict)
     histogram: list[tuple[float, float, int]] = field(default_factory=list)  # (lo, hi, count)
     largest: list[IdleGap] = field(default_factory=list)
+    #: Idle time in which the work that ended a gap had been launched and sat queued.
+    queued_us: float = 0.0
+    #: The latency from a launch call's return to its work's start this trace shows for
+    #: unhindered launches (us), counted as host time; None where too few launches are known.
+    launch_latency_us: float | None = None
 
 
 @dataclass
@@ -165,6 +177,10 @@ class CollectiveStats:
     exposed_us_per_step: float = 0.0
     bytes_per_step: float | None = None  # mean message bytes x messages per step
     purpose: str = UNKNOWN_PURPOSE  # what it carries (vocabulary.PURPOSES)
+    #: The purpose of every instance was inferred from the trace (recprof/analysis/stages.py),
+    #: none read from a label (a row some labels name is theirs, its few unlabelled instances
+    #: at the window's edges included).
+    purpose_inferred: bool = False
 
 
 @dataclass
@@ -297,6 +313,38 @@ class SkewAnalysis:
 
 
 @dataclass
+class IssueDivergence:
+    """Two collectives of two process groups that two ranks issued in opposite orders."""
+
+    groups: list[str]  # the two process groups
+    ranks: list[int]  # [r, s]: rank r issued `first` before `second`, rank s after
+    first: str  # e.g. "group 1 all_to_all_single #73"
+    second: str
+
+
+@dataclass
+class IssueOrder:
+    """The order each rank issued its collectives in, across process groups, compared over the
+    ranks that share the groups (analysis/issue_order.py).
+
+    `source` says where each rank's order came from: "capture" (the issue log capture writes:
+    every collective from the start, numbered per group, with its thread's name), "trace"
+    (collectives whose group the trace names, ordered by host launch time, compared step by
+    step) or "capture+trace" when the ranks differ.
+    """
+
+    source: str
+    groups: dict[str, list[int]]  # members of every group seen
+    threads: dict[str, list[str]]  # group -> host threads that issued it, on any rank
+    compared: int  # collectives compared across ranks, summed over pairs of groups
+    divergences: list[IssueDivergence] = field(default_factory=list)
+    #: Pairs of groups that share at least two ranks and that one rank issues from different
+    #: threads: their relative order is the scheduler's choice, whatever this run showed.
+    concurrent: list[list[str]] = field(default_factory=list)
+    note: str = ""  # what could not be compared, and why
+
+
+@dataclass
 class PeerWait:
     """How long the ranks present waited for one peer before moving data, as their own traces
     measure it (HCCL: Notify_Wait tasks on the plane that links them, before its first
@@ -379,9 +427,24 @@ class PeerBytes:
 
 
 @dataclass
+class NodeContext:
+    """One capture folder of a run (a node's, on a cluster): its ranks, the command its lowest
+    rank ran and capture's window warning there (nodes may differ in both)."""
+
+    run_dir: str
+    ranks: list[int]
+    command: list[str]
+    cwd: str | None
+    window_warning: str | None
+
+
+@dataclass
 class RunContext:
-    """What the capture run folder around a job's traces says (recprof/analysis/run_context.py):
-    the command a rank ran, capture's window warning, and step times from the step logs."""
+    """What the capture folders around a job's traces say (recprof/analysis/run_context.py):
+    the command a rank ran, capture's window warning, and step times from the step logs, read
+    from every node's folder (`nodes`). `run_dir` is the one folder that names the whole run
+    (its capture folder, or the folder holding exactly its node folders), else the first node's;
+    `run_dirs` are what a command line gives to name it."""
 
     run_dir: str
     command: list[str]
@@ -394,6 +457,19 @@ class RunContext:
     #: Distinct machines (kernel boot ids) the ranks ran on; None when a rank's meta lacks it.
     #: Fewer than the hosts: containers or namespaces of one machine, sharing its cores.
     machines: int | None = None
+    run_dirs: list[str] = field(default_factory=list)
+    nodes: list[NodeContext] = field(default_factory=list)
+
+
+@dataclass
+class SharedDevice:
+    """Two or more ranks of one job on one physical device (recprof/analysis/sharing.py):
+    every timing of theirs includes the others' use of it."""
+
+    device: str  # the physical device's identity (UUID, PCI bus id, or host + device index)
+    host: str | None
+    ranks: list[int]
+    source: str  # "capture" (meta/rank<R>.json) or "trace" (host + device id)
 
 
 @dataclass
@@ -426,6 +502,12 @@ class JobAnalysis:
     #: Exposed communication per collective kind, per step, mean over ranks: one union per
     #: kind (the collectives rows split a kind by group and purpose).
     exposed_comm_us_per_step_by_kind: dict[str, float] = field(default_factory=dict)
+    #: Cross-group order of collectives (None: the job uses fewer than two groups, or no
+    #: source names them).
+    issue_order: IssueOrder | None = None
+    #: Groups of 2+ ranks on one physical device; [] when every rank has its own (or no
+    #: evidence says otherwise).
+    shared_devices: list[SharedDevice] = field(default_factory=list)
     #: Waits per peer measured inside the traces (HCCL), None where no trace measures them.
     peer_waits: PeerWaits | None = None
 

@@ -25,11 +25,13 @@ from recprof.analysis.collectives import (
 )
 from recprof.analysis.executors import Executor, WorkerLost, default_executor
 from recprof.analysis.frameworks import detect
-from recprof.analysis.idle import idle_gaps
+from recprof.analysis.idle import DEVICE_HELD, idle_gaps
+from recprof.analysis.issue_order import RankIssues, job_issue_order, rank_issues
 from recprof.analysis.jobs import assign_ranks, group_jobs, job_id
-from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis
+from recprof.analysis.model import AnalysisResult, JobAnalysis, RankAnalysis, SharedDevice
 from recprof.analysis.peer_waits import measured_waits, peer_waits
-from recprof.analysis.run_context import read_run_context
+from recprof.analysis.run_context import rank_metas, read_run_context
+from recprof.analysis.sharing import shared_devices
 from recprof.analysis.skew import analyze_skew
 from recprof.analysis.stages import attribute, stage_times
 from recprof.analysis.summary import summarize_job
@@ -58,6 +60,7 @@ class RankOutcome:
     analysis: RankAnalysis
     records: CollectiveRecords
     framework_marks: dict[str, int]
+    issues: RankIssues | None = None
 
 
 def discover(paths: Sequence[Path]) -> list[Path]:
@@ -114,8 +117,9 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
     )
     _shift_to_absolute(analysis, trace.header.origin_us)
     return RankOutcome(trace.header, analysis,
-                       collective_records(trace, unions, windows, attribution.purpose),
-                       trace.framework_marks)
+                       collective_records(trace, unions, windows, attribution.purpose,
+                                          attribution.inferred),
+                       trace.framework_marks, rank_issues(trace, path))
 
 
 def _shift_to_absolute(analysis: RankAnalysis, origin_us: float) -> None:
@@ -254,11 +258,22 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
             peer_bytes=peer_bytes(records, {r.rank: len(r.steps) for r in analyses},
                                   MAX_PEER_MATRIX_RANKS),
             exposed_comm_us_per_step_by_kind=_exposed_by_kind(records, analyses),
+            issue_order=job_issue_order({ranks[i]: outcomes[i].issues for i in members}),
+            shared_devices=_shared_devices({ranks[i]: headers[i] for i in members}, analyses),
             peer_waits=peer_waits(records, analyses, _mean_step(analyses)),
         ))
         _keep_chosen_timelines(job, steps, executor)
         jobs.append(job)
     return jobs
+
+
+def _shared_devices(headers: dict[int, TraceHeader], analyses: list[RankAnalysis]
+                    ) -> list[SharedDevice]:
+    """Which ranks share a device: capture's metadata of each rank where its run folder has
+    it, else its trace, with the share of its step its work sat held on the device."""
+    held = {a.rank: a.idle_gaps.by_cause_us.get(DEVICE_HELD, 0.0) / a.totals.step
+            for a in analyses if a.totals.step > 0}
+    return shared_devices(headers, rank_metas([a.file for a in analyses], list(headers)), held)
 
 
 def _mean_step(analyses: list[RankAnalysis]) -> float:

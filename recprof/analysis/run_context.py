@@ -1,21 +1,21 @@
-"""What a `recprof capture` run folder says about a job beyond its traces.
+"""What a `recprof capture` run says about a job beyond its traces.
 
-When the traces being analysed sit in a capture run folder (`<run>/traces/...` beside
-`manifest.json`), the analysis also reads: the command each rank ran (so advice can name the
-job's own config file), capture's verdict on whether the recorded window is representative,
-and the step logs, which time every step of the run, profiled or not (recorded steps run slower
-than unprofiled ones: a prediction must be of the unprofiled step). Nothing here is needed:
-traces from anywhere else analyse the same, without it.
+When the traces being analysed sit in capture folders (`<folder>/traces/...` beside
+`manifest.json`; one folder per node on a cluster, recprof/analysis/run.py), the analysis also
+reads, from every node's folder: the command each rank ran (so advice can name the job's own
+config file), capture's verdict on whether the recorded window is representative, and the step
+logs, which time every step of the run, profiled or not (recorded steps run slower than
+unprofiled ones: a prediction must be of the unprofiled step). Nothing here is needed: traces
+from anywhere else analyse the same, without it.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
-from recprof.analysis.model import RunContext
+from recprof.analysis.model import NodeContext, RunContext
+from recprof.analysis.run import CaptureFolder, Run, run_of_traces
 from recprof.capture import layout
 
 #: Start-up steps of the wait phase left out of the unprofiled median when the run has no
@@ -23,50 +23,60 @@ from recprof.capture import layout
 STARTUP_STEPS = 2
 
 
-def run_dir_of(trace_files: list[str]) -> Path | None:
-    """The capture run folder holding all these trace files, or None."""
-    dirs = {Path(f).resolve().parent for f in trace_files}
-    if len(dirs) != 1:
-        return None
-    (folder,) = dirs
-    if folder.name == layout.TRACES and (folder.parent / layout.MANIFEST).is_file():
-        return folder.parent
-    return None
-
-
 def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | None:
-    """The run folder's context for a job made of `trace_files`, or None when they are not a
-    capture's (or its files cannot be read: the analysis goes on without them)."""
-    run = run_dir_of(trace_files)
-    if run is None:
-        return None
-    manifest = _json(run / layout.MANIFEST) or {}
-    metas = [m for r in sorted(ranks) if (m := _json(layout.meta_path(run, r)))]
-    meta = metas[0] if metas else {}
+    """The run's context for a job made of `trace_files` (ranks `ranks`), or None when they
+    are not a capture's. `RecprofError` when they come from capture folders of different jobs."""
+    run = run_of_traces(trace_files)
+    return run_context(run, ranks) if run is not None else None
+
+
+def rank_metas(trace_files: list[str], ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """Each rank's meta/rank<R>.json from the run its traces came from (every node's folder),
+    for the ranks that have one: what a rank knows about itself, its host and machine and the
+    device it ran on (recprof/analysis/sharing.py)."""
+    run = run_of_traces(trace_files)
+    return {r: m for r in ranks if run is not None and (m := run.meta(r))}
+
+
+def run_context(run: Run, ranks: list[int]) -> RunContext:
+    """What `run` says about the job's `ranks` (a file that cannot be read is left out: the
+    analysis goes on without it)."""
+    metas = [m for r in sorted(ranks) if (m := run.meta(r))]
     machine_ids = [m.get("machine") for m in metas]
-    window = manifest.get("window_check") if isinstance(manifest.get("window_check"), dict) else {}
-    logs = [layout.read_step_log(run, r) for r in ranks]
+    logs = [run.step_log(r) for r in ranks]
+    nodes = [_node(folder, [r for r in ranks if r in folder.ranks])
+             for folder in run.folders]
+    first = next((n for n in nodes if n.ranks), nodes[0])
+    warnings = [(f"{n.run_dir}: " if len(nodes) > 1 else "") + n.window_warning
+                for n in nodes if n.window_warning]
+    cores = metas[0].get("cores") if metas else None
+    name = run.name
     return RunContext(
-        run_dir=str(run),
-        command=[str(a) for a in meta.get("command", [])] if isinstance(
-            meta.get("command"), list) else [],
-        cwd=meta.get("cwd") if isinstance(meta.get("cwd"), str) else None,
-        window_warning=window.get("warning") if isinstance(window.get("warning"), str) else None,
+        run_dir=str(name if name is not None else run.folders[0].path),
+        command=first.command,
+        cwd=first.cwd,
+        window_warning="; ".join(warnings) or None,
         steps_logged=max((len(log) for log in logs), default=0),
         unprofiled_step_us=_median_step(logs, unprofiled=True),
         profiled_step_us=_median_step(logs, unprofiled=False),
-        host_cores=cores if isinstance(cores := meta.get("cores"), int) and cores > 0 else None,
+        host_cores=cores if isinstance(cores, int) and cores > 0 else None,
         machines=(len(set(machine_ids)) if len(metas) == len(ranks)
                   and all(isinstance(m, str) for m in machine_ids) else None),
+        run_dirs=[str(p) for p in run.paths()],
+        nodes=nodes,
     )
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+def _node(folder: CaptureFolder, ranks: list[int]) -> NodeContext:
+    """One folder's context: the command and cwd of its lowest rank among `ranks`."""
+    meta = next((m for r in ranks if (m := folder.meta(r))), {})
+    command = meta.get("command")
+    cwd = meta.get("cwd")
+    return NodeContext(
+        run_dir=str(folder.path), ranks=ranks,
+        command=[str(a) for a in command] if isinstance(command, list) else [],
+        cwd=cwd if isinstance(cwd, str) else None,
+        window_warning=folder.window_warning)
 
 
 def timed_steps(log: list[layout.StepRecord], unprofiled: bool) -> list[layout.StepRecord]:

@@ -5,9 +5,19 @@ of the thread that issued it (its launch: the kernel's launch call, the collecti
 that names a stage (vocabulary.label_meaning): TorchRec's `## forward N ##` with its
 `[lookup]_...` and `[output_dist]_...` inside, the built-in trainer's `nestpipe:*`, DDP's
 forward, autograd's backward nodes, the optimizers' steps, the DataLoader. A collective's
-purpose is the innermost purpose label around its launch; failing that, what it does inside its
-stage (an all-reduce during backward carries dense gradients, an all-to-all there embedding
-gradients). Its stage follows its purpose (vocabulary.PURPOSE_STAGE).
+purpose is the innermost purpose label around its launch; failing that, it is inferred from
+what the trace shows around it (`Attribution.inferred` says which):
+
+- an all-reduce during backward carries dense gradients, an all-to-all there embedding
+  gradients;
+- hand-written model-parallel jobs label nothing, but their lookups are plain in the trace
+  (nn.Embedding / nn.EmbeddingBag ops, EmbeddingBag kernels: the embedding-lookup stage). An
+  all-to-all of the forward pass that moves floating-point data after the step's lookups
+  began carries their output, the embedding rows, to the ranks that asked (it comes before
+  the dense forward that reads them: the step's forward runs in order on its thread); one that
+  moves integers (ids and their counts) routes the keys to the rows' owners.
+
+Its stage follows its purpose (vocabulary.PURPOSE_STAGE).
 
 Per step, a stage's time is the union of its activity (plus, for data loading, the host's time
 in the loader on any thread: the device waits then, with nothing of its own to show), and its
@@ -24,13 +34,20 @@ from recprof.analysis.intervals import IntervalSet
 from recprof.analysis.model import StageTime
 from recprof.analysis.windows import Window
 from recprof.trace.model import ActivityClass, LabelSpans, RankTrace
-from recprof.trace.vocabulary import COLLECTIVE_KINDS, PURPOSE_STAGE, PURPOSES, STAGES
+from recprof.trace.vocabulary import (
+    COLLECTIVE_KINDS,
+    PURPOSE_STAGE,
+    PURPOSES,
+    STAGES,
+    is_lookup_kernel,
+)
 
 _OTHER = STAGES.index("other")
 _BACKWARD = STAGES.index("dense_backward")
 _FORWARD = STAGES.index("dense_forward")
 _EMBEDDING_A2A = STAGES.index("embedding_a2a")
 _DATA = STAGES.index("data_loading")
+_LOOKUP = STAGES.index("embedding_lookup")
 _STAGE_OF_PURPOSE = {PURPOSES.index(p): STAGES.index(s) for p, s in PURPOSE_STAGE.items()}
 _UNKNOWN = PURPOSES.index("unknown")
 _ALL_REDUCE = COLLECTIVE_KINDS.index("all_reduce")
@@ -39,6 +56,7 @@ _DENSE_GRADS = PURPOSES.index("dense_grads")
 _GRADS_BWD = PURPOSES.index("embedding_grads_bwd")
 _ROWS_FWD = PURPOSES.index("embedding_rows_fwd")
 _PREFETCH = PURPOSES.index("prefetch")
+_KEY_ROUTING = PURPOSES.index("key_routing")
 
 
 @dataclass
@@ -47,6 +65,8 @@ class Attribution:
 
     stage: np.ndarray  # index into STAGES
     purpose: np.ndarray  # index into PURPOSES; -1 for what is not a collective instance
+    #: A collective whose purpose was inferred from the trace, not read from a label.
+    inferred: np.ndarray
 
 
 def _innermost(labels: LabelSpans, rows: np.ndarray, times: np.ndarray
@@ -96,10 +116,19 @@ def attribute(trace: RankTrace) -> Attribution:
             stage[sel] = np.where(s >= 0, s, _OTHER)
             purpose[sel] = p
     coll = acts.coll_kind >= 0
+    # Lookups no label placed: work issued inside a lookup op (a hand-written job's
+    # nn.EmbeddingBag), lookup kernels whose op the trace lacks.
+    if n:
+        lookup = np.fromiter((is_lookup_kernel(trace.names[i]) for i in acts.name), bool, n)
+        lookup |= _inside(trace.lookups.start, trace.lookups.end, times)
+        stage = np.where(lookup & (stage == _OTHER), _LOOKUP, stage)
     # A collective without a purpose label: what it does inside its stage.
     guess = np.where((stage == _BACKWARD) & (acts.coll_kind == _ALL_REDUCE), _DENSE_GRADS,
                      np.where((stage == _BACKWARD) & (acts.coll_kind == _ALL_TO_ALL), _GRADS_BWD,
                               _UNKNOWN))
+    guess = np.where((guess == _UNKNOWN) & (acts.coll_kind == _ALL_TO_ALL) & (stage != _BACKWARD),
+                     _forward_exchange(trace, stage, times), guess)
+    inferred = coll & (purpose < 0) & (guess != _UNKNOWN)
     purpose = np.where(coll & (purpose < 0), guess, purpose)
     # The next batch's rows fetched on the built-in trainer's prefetch thread (DBP).
     purpose = np.where(coll & (purpose == _ROWS_FWD) & ~acts.launched_on_main, _PREFETCH, purpose)
@@ -110,7 +139,41 @@ def attribute(trace: RankTrace) -> Attribution:
     # embeddings), not dense compute: older TorchRec labels only the KJT parts.
     stage = np.where(coll & (purpose == _UNKNOWN) & (stage == _FORWARD)
                      & (acts.coll_kind == _ALL_TO_ALL), _EMBEDDING_A2A, stage)
-    return Attribution(stage.astype(np.int16), purpose.astype(np.int16))
+    return Attribution(stage.astype(np.int16), purpose.astype(np.int16), inferred)
+
+
+def _inside(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Which times fall inside one of the spans (their union: spans may nest)."""
+    union = IntervalSet.of(starts, ends)
+    if not len(union):
+        return np.zeros(len(times), dtype=bool)
+    k = np.searchsorted(union.starts, times, side="right") - 1
+    return (k >= 0) & (times <= union.ends[np.maximum(k, 0)])
+
+
+def _forward_exchange(trace: RankTrace, stage: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Per activity, what an unlabelled forward all-to-all issued at its time carries, from
+    the step's lookups (module doc): embedding rows when it moves floating-point data and the
+    step's lookups began before it, the keys when it moves integers; unknown otherwise. The
+    lookups are the lookup ops, the embedding-lookup stage's labels and its activity, on any
+    thread."""
+    acts = trace.activities
+    starts = [acts.start[stage == _LOOKUP], trace.lookups.start]
+    if trace.labels is not None and len(trace.labels):
+        starts.append(trace.labels.start[trace.labels.stage == _LOOKUP])
+    lookups = np.sort(np.concatenate(starts))
+    out = np.full(len(acts), _UNKNOWN, dtype=np.int16)
+    if not lookups.size:
+        return out
+    # where the step each activity was issued in began (-inf before the first step, or in a
+    # trace without steps)
+    step_starts = np.concatenate(([-np.inf], np.sort([s.start_us for s in trace.steps])))
+    step_start = step_starts[np.searchsorted(step_starts, times, side="right") - 1]
+    prior = np.searchsorted(lookups, times, side="left") - 1  # latest lookup before it
+    looked_up = (prior >= 0) & (lookups[np.maximum(prior, 0)] >= step_start)
+    out[(acts.coll_floating == 1) & looked_up] = _ROWS_FWD
+    out[acts.coll_floating == 0] = _KEY_ROUTING
+    return out
 
 
 def stage_times(trace: RankTrace, windows: list[Window],

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from recprof.capture import layout, torchrun_record
+from recprof.capture import issue_log, layout, torchrun_record
 from recprof.capture.layout import EventKind, ExitStatus, Schedule
 from recprof.capture.profiler_window import ProfilerWindow
 from recprof.capture.rank_meta import RankMeta
@@ -248,6 +248,7 @@ class RankCapture:
 
             self.window.watch(torch)
             self.clock.attach(register_optimizer_step_post_hook, register_module_forward_pre_hook)
+            issue_log.install(torch, self.run_dir, self.rank)
         except Exception as exc:  # never break the user's `import torch`
             self.voice.warn(f"capture disabled on this rank: {type(exc).__name__}: {exc}")
 

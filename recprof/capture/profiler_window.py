@@ -431,14 +431,23 @@ def _one_cycle(torch: Any) -> dict[str, Any]:
 
 
 def _all_threads(torch: Any) -> Any:
-    """Kineto's switch to record ops of every thread, not only the one that started it.
+    """Kineto's experimental switches capture needs: record ops of every thread, not only the
+    one that started it, and the CUDA synchronization events.
 
     Jobs run collectives and lookups on helper threads too (a prefetch stage, a pipeline's
-    worker): without it their communication is missing from the trace. The config is marked
-    experimental, so an older torch without the flag gets the default.
+    worker): without every thread their communication is missing from the trace. The sync
+    events (`cuda_sync` rows: "Stream Wait Event" names the stream and the event record a
+    stream waits on) let the analysis tell work queued behind another stream from work held by
+    another process (recprof/analysis/idle.py). The config is marked experimental, so a torch
+    without a flag gets the others, and one without the config gets the default.
     """
     config = getattr(getattr(torch._C, "_profiler", None), "_ExperimentalConfig", None)
-    try:
-        return config(profile_all_threads=True) if config is not None else None
-    except TypeError:
+    if config is None:
         return None
+    for flags in ({"profile_all_threads": True, "enable_cuda_sync_events": True},
+                  {"profile_all_threads": True}):
+        try:
+            return config(**flags)
+        except TypeError:
+            continue
+    return None

@@ -118,6 +118,7 @@ class RankMeta:
             count = torch.cuda.device_count()
             data["devices"] = [torch.cuda.get_device_name(i) for i in range(count)]
             data["current_device"] = torch.cuda.current_device()
+            data["device"] = device_identity(torch, data["current_device"])
             try:
                 data["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
             except Exception:
@@ -140,6 +141,27 @@ class RankMeta:
         self.data["exit"] = ended
         self.data["ended_at"] = time.time()
         self.write()
+
+
+def device_identity(torch: Any, index: int) -> dict[str, Any]:
+    """The physical device a rank computes on, as torch knows it: its index in the process,
+    its UUID and PCI address where this torch exposes them (recprof/analysis/sharing.py finds
+    ranks that share one by them; the index alone is ambiguous behind CUDA_VISIBLE_DEVICES)."""
+    out: dict[str, Any] = {"index": index}
+    try:
+        props = torch.cuda.get_device_properties(index)
+    except Exception:  # a broken driver must not cost the rank its metadata
+        return out
+    out["name"] = str(getattr(props, "name", "")) or None
+    uuid = getattr(props, "uuid", None)
+    out["uuid"] = str(uuid) if uuid is not None and str(uuid) else None
+    bus = getattr(props, "pci_bus_id", None)
+    if isinstance(bus, int):
+        domain = getattr(props, "pci_domain_id", 0)
+        slot = getattr(props, "pci_device_id", 0)
+        out["pci_bus_id"] = (f"{domain if isinstance(domain, int) else 0:08x}:{bus:02x}:"
+                             f"{slot if isinstance(slot, int) else 0:02x}.0")
+    return out
 
 
 def machine_id() -> str | None:

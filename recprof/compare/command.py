@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof.compare.gate import parse_pct
-from recprof.compare.loading import Run, load_run
+from recprof.compare.loading import Run, load_run, run_arguments
 from recprof.compare.model import compare_runs
 from recprof.compare.view import print_comparison, write_html
 from recprof.errors import RecprofError
 
 
-def _labels(runs: list[Path], labels: str | None) -> list[str | None]:
+def _labels(runs: list[list[Path]], labels: str | None) -> list[str | None]:
     """The runs' labels: `--labels a,b,c` (one per run), else each run's folder or file name,
     numbered where two would read the same (a run compared with itself)."""
     if labels is None:
@@ -39,7 +39,9 @@ def _unique(loaded: list[Run]) -> None:
 def compare(
     runs: Annotated[list[Path], typer.Argument(
         help="Two or more runs, first = baseline: capture run folders, trace folders or files, "
-             "or analysis JSON documents (one job each).", show_default=False)],
+             "or analysis JSON documents (one job each). The node folders of a run captured "
+             "per node, given one after another (or the folder holding them), are one run.",
+        show_default=False)],
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", help="Also write the comparison as a self-contained HTML page.")] = None,
     json_out: Annotated[Path | None, typer.Option(
@@ -72,15 +74,17 @@ def compare(
 
     Exit status: 0, or 1 when the gate fails, or 2 when a run cannot be read.
     """
-    if len(runs) < 2:
+    grouped = run_arguments(runs)
+    if len(grouped) < 2:
         raise RecprofError("give at least two runs to compare (the first is the baseline)")
     threshold = parse_pct(fail_if_slower) if fail_if_slower is not None else None
-    names = _labels(runs, labels)
+    names = _labels(grouped, labels)
     err = Console(stderr=True)
     loaded = []
-    for path, name in zip(runs, names, strict=True):
-        err.print(f"reading {escape(str(path))}", style="dim", highlight=False, soft_wrap=True)
-        loaded.append(load_run(path, name, samples_per_step))
+    for paths, name in zip(grouped, names, strict=True):
+        err.print(f"reading {escape(' '.join(map(str, paths)))}", style="dim", highlight=False,
+                  soft_wrap=True)
+        loaded.append(load_run(paths, name, samples_per_step))
     _unique(loaded)
     comparison = compare_runs(loaded, threshold)
     print_comparison(Console(), comparison)

@@ -1,8 +1,9 @@
 """RUN in, one analysed job out: what `recprof compare` knows about each run it is given.
 
-A RUN is whatever `recprof report` accepts for one job: a capture run folder, a folder of a
-multi-node run whose nodes were captured separately (`<run>/node*/manifest.json`, as
-benchmarks/ lays them out), trace files' folder, or a `recprof analyze --json` document. The
+A RUN is whatever `recprof report` accepts for one job: a capture run folder, the capture
+folders of a multi-node run whose nodes were captured separately (given one after another, or
+the folder holding them: recprof/analysis/run.py), trace files' folder, or a `recprof analyze
+--json` document. The
 analysis comes from `recprof.report.command.load_result`, the report's own loader, so a RUN
 compares exactly as it reports. Beside it, a run may carry what the traces cannot say:
 
@@ -14,13 +15,15 @@ compares exactly as it reports. Beside it, a run may carry what the traces canno
 
 from __future__ import annotations
 
-import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recprof.analysis import AnalysisResult, JobAnalysis
+from recprof.analysis.run import Run as CaptureRun
+from recprof.analysis.run import capture_folders, find_runs, open_run
 from recprof.analysis.run_context import timed_steps
 from recprof.capture import layout
 from recprof.errors import RecprofError
@@ -68,30 +71,58 @@ class Run:
         return [statistics.fmean(by_number[n]) for n in ordered]
 
 
-def load_run(path: Path, label: str | None = None,
+def run_arguments(paths: Sequence[Path]) -> list[list[Path]]:
+    """The command line's paths, one list per RUN: a capture folder of a run that is not
+    complete takes the arguments after it that complete it (the node folders of one job, given
+    one after another), every other path is a RUN of its own."""
+    groups: list[list[Path]] = []
+    for path in paths:
+        if groups and _completes(groups[-1], path):
+            groups[-1].append(path)
+        else:
+            groups.append([path])
+    return groups
+
+
+def _completes(group: list[Path], path: Path) -> bool:
+    runs = find_runs(group)
+    if len(runs) != 1 or runs[0].complete() or not capture_folders(path):
+        return False
+    return len(find_runs([*group, path])) == 1
+
+
+def load_run(path: Path | Sequence[Path], label: str | None = None,
              samples_per_step: float | None = None) -> Run:
-    """Analyse one RUN; `RecprofError` (one line naming the path) when it cannot be compared."""
-    if not path.exists():
-        raise RecprofError(f"{path}: no such file or folder")
+    """Analyse one RUN (a path, or the capture folders of one run); `RecprofError` (one line
+    naming the path) when it cannot be compared."""
+    paths = [path] if isinstance(path, Path) else list(path)
+    for p in paths:
+        if not p.exists():
+            raise RecprofError(f"{p}: no such file or folder")
+    first = paths[0]
     try:
-        result = load_result([path])
+        capture = open_run(paths)
+        result = load_result(paths)
     except RecprofError as exc:
         text = str(exc).replace("\n", "; ")
-        raise RecprofError(text if str(path) in text else f"{path}: {text}") from None
-    job = _one_job(path, result)
-    capture_dirs = _capture_dirs(path, job)
-    run = Run(label=label or _default_label(path), path=path, job=job,
+        raise RecprofError(text if str(first) in text else f"{first}: {text}") from None
+    job = _one_job(first, result)
+    if capture is None and job.run is not None:  # an analysis document: the run it names
+        capture = open_run([Path(d) for d in job.run.run_dirs or [job.run.run_dir]])
+    capture_dirs = [f.path for f in capture.folders] if capture else []
+    named = capture.name if capture is not None and len(paths) > 1 else None
+    run = Run(label=label or _default_label(named or first), path=first, job=job,
               capture_dirs=capture_dirs, warnings=list(result.errors))
-    run.logged_steps_us = _logged_steps(capture_dirs)
-    run.trainer_config = _trainer_config(path, capture_dirs)
+    run.logged_steps_us = _logged_steps(capture) if capture else []
+    run.trainer_config = _trainer_config(paths, capture_dirs)
     if samples_per_step is not None:
         run.samples_per_step, run.samples_source = samples_per_step, "--samples-per-step"
     elif run.trainer_config is not None and isinstance(
             run.trainer_config.get("batch_size"), int):
         run.samples_per_step = float(run.trainer_config["batch_size"])
         run.samples_source = "trainer summary (batch_size)"
-    run.nodes = _nodes(capture_dirs, job)
-    run.command = _commands(capture_dirs)
+    run.nodes = _nodes(capture, job)
+    run.command = _commands(capture) if capture else None
     return run
 
 
@@ -116,59 +147,22 @@ def _default_label(path: Path) -> str:
     return name.removesuffix(".json")
 
 
-def _capture_dirs(path: Path, job: JobAnalysis) -> list[Path]:
-    """Capture run folders behind the RUN: the run itself, the folder around its traces, the
-    nodes of a multi-node run, or the one an analysis document names."""
-    candidates = [path] if path.is_dir() else []
-    if path.is_dir():
-        candidates.append(path.parent)
-    if job.run is not None:
-        candidates.append(Path(job.run.run_dir))
-    for folder in candidates:
-        if (folder / layout.MANIFEST).is_file():
-            return [folder]
-    if path.is_dir():
-        nodes = sorted(p.parent for p in path.glob(f"*/{layout.MANIFEST}"))
-        if nodes:
-            return nodes
-    return []
-
-
-def _capture_ranks(folder: Path) -> list[int]:
-    """Ranks that left a step log in a capture folder."""
-    ranks = []
-    for log in (folder / layout.STEPS).glob("rank*.jsonl"):
-        number = log.stem.removeprefix("rank")
-        if number.isdigit():
-            ranks.append(int(number))
-    return sorted(ranks)
-
-
-def _logged_steps(capture_dirs: list[Path]) -> list[float]:
+def _logged_steps(capture: CaptureRun) -> list[float]:
     """Per step number, the mean over ranks of the job's own time (us) in the steps that time
     the job (unprofiled ones), over every rank of every node."""
     by_number: dict[int, list[float]] = {}
-    for folder in capture_dirs:
-        for rank in _capture_ranks(folder):
-            for record in timed_steps(layout.read_step_log(folder, rank), unprofiled=True):
-                by_number.setdefault(record.step, []).append(record.job_s * 1e6)
+    for rank in capture.ranks:
+        for record in timed_steps(capture.step_log(rank), unprofiled=True):
+            by_number.setdefault(record.step, []).append(record.job_s * 1e6)
     return [statistics.fmean(by_number[n]) for n in sorted(by_number)]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _trainer_config(path: Path, capture_dirs: list[Path]) -> dict[str, Any] | None:
+def _trainer_config(paths: list[Path], capture_dirs: list[Path]) -> dict[str, Any] | None:
     """The built-in trainer's resolved config from a summary.json in or one folder below the
     run (capture's demo writes `<run>/trainer/summary.json`), if any."""
     from tuner.runner import read_summary
 
-    roots = list(dict.fromkeys([*capture_dirs, *([path] if path.is_dir() else [])]))
+    roots = list(dict.fromkeys([*capture_dirs, *(p for p in paths if p.is_dir())]))
     for root in roots:
         for candidate in [root / "summary.json", *sorted(root.glob("*/summary.json"))]:
             summary = read_summary(candidate)
@@ -177,15 +171,15 @@ def _trainer_config(path: Path, capture_dirs: list[Path]) -> dict[str, Any] | No
     return None
 
 
-def _commands(capture_dirs: list[Path]) -> tuple[tuple[str, ...], ...] | None:
+def _commands(capture: CaptureRun) -> tuple[tuple[str, ...], ...] | None:
     """Each capture folder's job command, its own folder's paths written `<run>` (the trainer
     writes under the capture: `--out <run>/trainer`)."""
     commands = []
-    for folder in capture_dirs:
-        command = (_read_json(folder / layout.MANIFEST) or {}).get("command")
-        if not isinstance(command, list) or not all(isinstance(t, str) for t in command):
+    for folder in capture.folders:
+        command = folder.launch_command
+        if command is None:
             return None
-        own = (str(folder), str(folder.resolve()))
+        own = (str(folder.path),)
         commands.append(tuple(_relative(token, own) for token in command))
     return tuple(commands) or None
 
@@ -197,16 +191,15 @@ def _relative(token: str, folders: tuple[str, ...]) -> str:
     return token
 
 
-def _nodes(capture_dirs: list[Path], job: JobAnalysis) -> int | None:
+def _nodes(capture: CaptureRun | None, job: JobAnalysis) -> int | None:
     """How many machines the job ran on: torchrun's world size over LOCAL_WORLD_SIZE in the
     capture metadata (emulated nodes share a host name), else the distinct host names."""
-    for folder in capture_dirs:
-        for rank in _capture_ranks(folder):
-            meta = _read_json(layout.meta_path(folder, rank)) or {}
-            env = meta.get("env") if isinstance(meta.get("env"), dict) else {}
-            local = str(env.get("LOCAL_WORLD_SIZE", ""))
-            world = meta.get("world_size")
-            if local.isdigit() and int(local) > 0 and isinstance(world, int):
-                return max(world // int(local), 1)
+    for rank in capture.ranks if capture else []:
+        meta = capture.meta(rank) or {}
+        env = meta.get("env") if isinstance(meta.get("env"), dict) else {}
+        local = str(env.get("LOCAL_WORLD_SIZE", ""))
+        world = meta.get("world_size")
+        if local.isdigit() and int(local) > 0 and isinstance(world, int):
+            return max(world // int(local), 1)
     hosts = {r.host for r in job.ranks}
     return len(hosts) if hosts and None not in hosts else None

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof.analysis.model import JobAnalysis
+from recprof.analysis.run import open_run
 from recprof.errors import RecprofError
 from recprof.mirror.calibrate import Try, calibrate, calibration_ranks
 from recprof.mirror.derive import Mirror, derive
@@ -20,7 +21,9 @@ from recprof.report.command import load_result
 
 
 def one_job(paths: list[Path]) -> JobAnalysis:
-    """The one job analysed from `paths` (traces, a capture folder or an analysis JSON)."""
+    """The one job analysed from `paths` (traces, a run's capture folders or the folder holding
+    them, or an analysis JSON); capture folders of more than one job are refused."""
+    open_run(paths)
     result = load_result(paths)
     if result.errors and not result.jobs:
         raise RecprofError(f"{paths[0]}: {result.errors[0]}")

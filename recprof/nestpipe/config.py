@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 BACKEND_CHOICES = ("auto", "gloo", "nccl")
 DATA_CHOICES = ("synthetic", "tsv")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
+#: The synthetic source numbers every random draw of a batch with a 32-bit counter
+#: (recprof/nestpipe/data.py): a batch holds at most this many draws of one kind.
+SYNTHETIC_COUNTERS = 1 << 32
 #: Floating-point precision of a run's parameters, optimizer state and exchanged tensors.
 DTYPES = ("float32", "float64")
 
@@ -234,6 +237,11 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     _require(cfg.data != "tsv" or bool(cfg.data_path), "data_path",
              "required when data is tsv")
     _require(cfg.zipf_alpha > 0, "zipf_alpha", f"must be > 0, got {cfg.zipf_alpha}")
+    _require(cfg.data != "synthetic" or max(cfg.num_features * cfg.bag_size, cfg.num_dense)
+             * cfg.batch_size <= SYNTHETIC_COUNTERS, "batch_size",
+             f"batch_size x num_features x bag_size (and x num_dense) must stay within "
+             f"{SYNTHETIC_COUNTERS:,} synthetic draws per batch, got {cfg.batch_size} x "
+             f"{cfg.num_features} x {cfg.bag_size}")
     for key in ("dense_lr", "embedding_lr", "adagrad_eps"):
         _require(getattr(cfg, key) > 0, key, f"must be > 0, got {getattr(cfg, key)}")
     if isinstance(cfg.num_embeddings, list):

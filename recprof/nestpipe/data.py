@@ -2,18 +2,22 @@
 
 Both sources define *global* batches (the same for every world size) and each rank takes its
 contiguous slice. That is what makes "2 ranks equal 1 rank with the same global batch" a
-checkable statement. Batches are produced by a DataLoader with worker processes and, where an
-accelerator exists, pinned memory, as a real input pipeline would be.
+checkable statement. Synthetic batches are made on the training device when it is a GPU (by
+the rank itself, a few dozen kernels); otherwise batches come from a DataLoader with worker
+processes and, where an accelerator exists, pinned memory, as a real input pipeline would
+(`Feed`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from recprof.errors import RecprofError
@@ -89,77 +93,151 @@ class Batch:
         )
 
 
+#: Everything random in the synthetic stream is a 32-bit hash of (batch, quantity, position).
+_MASK32 = 0xFFFFFFFF
+#: The Zipf draw: the top bits of a draw pick one of 2**_QUANTILE_BITS equal-probability
+#: quantile buckets (a lookup table), the remaining bits a raw id inside the bucket.
+_QUANTILE_BITS = 20
+_INSIDE_BITS = 32 - _QUANTILE_BITS
+_SALT = 0xD1A7
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """Wellons' lowbias32 (xorshift-multiply), in place on `x` (int64 in [0, 2**32)): a
+    bijection of [0, 2**32) that mixes every bit. Integer operations only, so every device
+    computes the same bits. The second multiplier is 2**31 or more, so it is applied as
+    (c - 2**31) plus the low bit of x moved to 2**31: no int64 product overflows."""
+    x ^= x >> 16
+    x.mul_(0x7FEB352D).bitwise_and_(_MASK32)
+    x ^= x >> 15
+    low = (x & 1) << 31
+    x.mul_(0x846CA68B - (1 << 31)).add_(low).bitwise_and_(_MASK32)
+    x ^= x >> 16
+    return x
+
+
+def _bits(counter: torch.Tensor, key: int) -> torch.Tensor:
+    """32 random bits per counter under `key`: the counter goes through an affine bijection
+    that depends on the key, then `_hash32`, so two keys (batches, quantities) never give each
+    other's bits at shifted positions. `counter` must lie in [0, 2**32)."""
+    odd, offset = (key & 0x7FFFFFFF) | 1, _hash_int(key)
+    return _hash32((counter * odd).add_(offset).bitwise_and_(_MASK32))
+
+
+def _hash_int(x: int) -> int:
+    """`_hash32` of a Python int (keys are derived on the host)."""
+    x &= _MASK32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
 class SyntheticSource:
     """Recsys-like traffic with a planted signal, a pure function of (seed, stream, index).
 
     Per feature, key popularity follows Zipf(alpha) over `vocab_size` raw ids (popular ids are
     scattered by a fixed permutation, not clustered at 0), bag lengths vary in [1, bag_size],
-    and the label is Bernoulli(sigmoid(dense . w + sum_f mean_bag score_f[id])) so the model
-    can learn something and eval AUC measures it.
+    and the label is Bernoulli(p(dense . w + sum_f mean_bag score_f[id])), p a sigmoid, so the
+    model can learn something and eval AUC measures it.
+
+    Every random number is a counter-based hash of (seed, stream, batch, quantity, the global
+    sample and slot it belongs to), computed with torch on whatever device the source lives on
+    (`to`): a rank generates exactly its own samples, vectorised, on its GPU when it has one,
+    and gets bit for bit the same batch on any device and for any world size, because every
+    step is integer arithmetic or an IEEE-exact float operation in a fixed order (no
+    transcendental function, no parallel reduction). The tables it reads (id permutation,
+    scores, dense weights, Zipf quantiles) are drawn once by numpy on the host.
     """
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, device: torch.device | None = None) -> None:
         self.cfg = cfg
-        ranks = np.arange(1, cfg.vocab_size + 1, dtype=np.float64)
+        self.device = device or torch.device("cpu")
+        v, nf = cfg.vocab_size, cfg.num_features
+        ranks = np.arange(1, v + 1, dtype=np.float64)
         weights = ranks ** (-cfg.zipf_alpha)
-        self.cdf = np.cumsum(weights) / weights.sum()
-        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xD1A7]))
-        self.perm = np.stack([rng.permutation(cfg.vocab_size) for _ in range(cfg.num_features)])
-        self.scores = rng.normal(0.0, cfg.signal_scale, (cfg.num_features, cfg.vocab_size))
-        self.dense_w = rng.normal(0.0, 0.5 / np.sqrt(cfg.num_dense), cfg.num_dense)
+        cdf = np.cumsum(weights) / weights.sum()
+        # Row b of the quantile table: the first 0-based popularity rank whose cdf exceeds
+        # b / 2**bits and the one for b + 1; a draw in bucket b lands on a rank between them
+        # (one gather reads both).
+        edges = np.arange((1 << _QUANTILE_BITS) + 1, dtype=np.float64) / (1 << _QUANTILE_BITS)
+        quantile = np.minimum(np.searchsorted(cdf, edges, side="right"), v - 1)
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, _SALT]))
+        perm = np.stack([rng.permutation(v) for _ in range(nf)])
+        scores = rng.normal(0.0, cfg.signal_scale, (nf, v))
+        dense_w = rng.normal(0.0, 0.5 / np.sqrt(cfg.num_dense), cfg.num_dense)
+        self.quantile = torch.from_numpy(np.stack([quantile[:-1], quantile[1:]], axis=1)
+                                         .astype(np.int32)).to(self.device)
+        self.perm = torch.from_numpy(perm.reshape(-1).astype(np.int64)).to(self.device)
+        self.scores = torch.from_numpy(scores.reshape(-1)).to(self.device)
+        self.dense_w = dense_w.tolist()  # Python floats: each weighs one dense column
+
+    def to(self, device: torch.device) -> SyntheticSource:
+        """The same source generating on `device` (its tables copied there once)."""
+        return self if device == self.device else SyntheticSource(self.cfg, device)
 
     def global_batch(self, stream: int, index: int) -> Batch:
         return self.samples(stream, index, 0, self.cfg.batch_size)
 
+    def _keys(self, stream: int, index: int) -> list[int]:
+        """The hash keys of one batch's dense values, bag lengths, ids and label coins."""
+        batch = _hash_int(_hash_int(_hash_int(self.cfg.seed ^ _SALT) ^ stream) ^ index)
+        return [_hash_int(batch ^ quantity) for quantity in range(4)]
+
     def samples(self, stream: int, index: int, lo: int, hi: int) -> Batch:
         """Samples [lo, hi) of global batch `index`, equal to `global_batch(...).slice(lo, hi)`.
 
-        Every random number of the global batch is drawn (0.2 of its 2.7 ms at 1,024 samples
-        x 8 features x 4 ids), so the stream is the same whatever the slice; ids, scores and
-        labels are computed for the slice only. A rank makes its own samples, not the whole
-        world's: with every rank building the global batch, data loading grew with the
-        world size.
+        Only these samples' numbers are made: sample j's are hashes of counters that name j
+        (its dense column, its bag of feature f, the slot in that bag), not draws from a
+        stream that would have to be advanced past the samples before lo.
         """
-        cfg = self.cfg
-        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, stream, index]))
-        size, nf, n = cfg.batch_size, cfg.num_features, hi - lo
-        dense = rng.standard_normal((size, cfg.num_dense))[lo:hi].astype(np.float32)
-        every_length = rng.integers(1, cfg.bag_size + 1, (nf, size))
-        uniform = rng.random(int(every_length.sum()))
-        coin = rng.random(size)[lo:hi]
-        lengths = every_length[:, lo:hi]
-        # Draws are feature-major, bags in sample order: the slice's ids of feature f are one
-        # run of f's draws, after f's earlier features and its samples before lo.
-        per_feature = lengths.sum(axis=1)
-        drawn = every_length.sum(axis=1)  # draws per feature in the whole global batch
-        first = np.cumsum(drawn) - drawn + every_length[:, :lo].sum(axis=1)
-        feature = np.repeat(np.arange(nf), per_feature)
-        within = np.arange(int(per_feature.sum())) - np.repeat(np.cumsum(per_feature)
-                                                               - per_feature, per_feature)
-        raw = self.perm[feature, np.minimum(_draw(self.cdf, uniform[first[feature] + within]),
-                                            cfg.vocab_size - 1)]
-        logit = dense.astype(np.float64) @ self.dense_w
-        bag = np.repeat(np.tile(np.arange(n), nf), lengths.ravel())
-        sums = np.bincount(feature * n + bag, self.scores[feature, raw], nf * n)
-        for f in range(nf):  # feature by feature, as the sum was always taken
-            logit += sums[f * n:(f + 1) * n] / lengths[f]
-        labels = coin < 1.0 / (1.0 + np.exp(-logit))
-        return Batch(
-            dense=torch.from_numpy(dense),
-            ids=torch.from_numpy(raw.astype(np.int64)),
-            lengths=torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
-            labels=torch.from_numpy(labels.astype(np.float32)),
-        )
+        cfg, dev = self.cfg, self.device
+        n, size, bag = hi - lo, cfg.batch_size, cfg.bag_size
+        nf, nd = cfg.num_features, cfg.num_dense
+        k_dense, k_length, k_id, k_coin = self._keys(stream, index)
+        sample = torch.arange(lo, hi, device=dev)
+        # Dense: two 16-bit uniforms per value, summed: a triangle of unit variance.
+        h = _bits(sample[:, None] * nd + torch.arange(nd, device=dev), k_dense)
+        dense = ((((h & 0xFFFF) + (h >> 16) + 1).double() / 65536.0 - 1.0)
+                 * 6.0 ** 0.5).float()
+        feature = torch.arange(nf, device=dev)[:, None]
+        lengths = 1 + ((_bits(feature * size + sample, k_length) * bag) >> 32)  # (nf, n)
+        flat = lengths.reshape(-1)
+        total = int(flat.sum())
+        # Per id (feature-major, bag by bag): a per-bag value repeated over the bag's slots,
+        # plus the slot; bag b is (feature b // n, sample lo + b % n).
+        bags, pos = torch.arange(nf * n, device=dev), torch.arange(total, device=dev)
+        starts = torch.cumsum(flat, 0) - flat
 
+        def per_slot(per_bag: torch.Tensor) -> torch.Tensor:
+            return torch.repeat_interleave(per_bag - starts, flat, output_size=total) + pos
 
-def _draw(cdf: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-    """`np.searchsorted(cdf, uniform, side="right")`, searched in sorted order: numpy narrows
-    each search from the last when the needles rise, 3x faster for 32,000 draws over a
-    100,000-id vocabulary (3.8 against 1.2 ms), which was most of a batch's generation."""
-    order = np.argsort(uniform)
-    pos = np.empty(len(uniform), dtype=np.intp)
-    pos[order] = np.searchsorted(cdf, uniform[order], side="right")
-    return pos
+        f_of = bags // n
+        h = _bits(per_slot((f_of * (size - n) + lo + bags) * bag), k_id)
+        inside = h & ((1 << _INSIDE_BITS) - 1)
+        first, last = self.quantile.index_select(0, h >> _INSIDE_BITS).long().unbind(1)
+        at = first + ((inside * (last - first + 1)) >> _INSIDE_BITS)
+        at += torch.repeat_interleave(f_of * cfg.vocab_size, flat, output_size=total)
+        # Label: each bag's mean score, summed slot by slot and feature by feature in a fixed
+        # order; p = 1/2 + z / (2 sqrt(1 + z^2)) with z = logit / 2 has the logistic's slope
+        # at 0 and needs only IEEE-exact operations.
+        grid = torch.zeros(nf * n, bag, dtype=torch.float64, device=dev)
+        grid.view(-1)[per_slot(bags * bag)] = self.scores.index_select(0, at)
+        sums = grid[:, 0].clone()
+        for s in range(1, bag):
+            sums += grid[:, s]
+        means = (sums / flat).view(nf, n)
+        logit = torch.zeros(n, dtype=torch.float64, device=dev)
+        for d, w in enumerate(self.dense_w):
+            logit += dense[:, d].double() * w
+        for f in range(nf):
+            logit += means[f]
+        z = logit * 0.5
+        p = 0.5 + 0.5 * z / torch.sqrt(1.0 + z * z)
+        coin = (_bits(sample, k_coin).double() + 0.5) / 4294967296.0
+        return Batch(dense=dense, ids=self.perm.index_select(0, at), lengths=lengths,
+                     labels=(coin < p).float())
 
 
 def _parse_tsv_line(line: str, num_dense: int, num_features: int) -> tuple:
@@ -259,3 +337,51 @@ def make_loader(
         prefetch_factor=4 if workers > 0 else None,
         persistent_workers=False,
     )
+
+
+class Feed:
+    """This rank's batches of one stream, in step order, on the training device in the run's
+    float dtype: `next()` takes one under `nestpipe:data_wait` and copies it under
+    `nestpipe:h2d`.
+
+    Synthetic data on an accelerator is generated there, by the rank itself: a few dozen
+    elementwise kernels, no worker process, no pinned buffer, no copy, so a GPU step is not
+    paced by host cores (one DataLoader worker held a one-GPU step at batch 16,384 to 85 ms,
+    76% of it waiting for data; gpu/SOURCES.md). Everything else (synthetic data on CPU, TSV
+    files anywhere) comes from a DataLoader with `workers` processes, pinned where it is
+    copied to a device, and a non-blocking copy. Either way the batch is issued on the
+    current stream, which is DBP's copy stream when DBP prepares it (schedule.py).
+    """
+
+    def __init__(self, cfg: TrainConfig, stream: int, count: int, rank: int, world: int,
+                 workers: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.device, self.dtype, self.stream = device, dtype, stream
+        self.source: SyntheticSource | None = None
+        self.batches: Iterator[Batch] | None = None
+        if cfg.data == "synthetic" and device.type != "cpu":
+            local = cfg.batch_size // world
+            self.source = SyntheticSource(cfg, device)
+            self.lo, self.hi, self.index = rank * local, (rank + 1) * local, 0
+        else:
+            self.batches = iter(make_loader(cfg, stream, count, rank, world, workers, device))
+        #: Host seconds spent in `nestpipe:data_wait` since the last `take_wait()`.
+        self.wait_s = 0.0
+
+    def next(self) -> Batch:
+        """The next batch, on the device, in the run's dtype."""
+        started = time.perf_counter()
+        with record_function("nestpipe:data_wait"):
+            if self.source is not None:
+                batch = self.source.samples(self.stream, self.index, self.lo, self.hi)
+                self.index += 1
+            else:
+                assert self.batches is not None
+                batch = next(self.batches)
+        self.wait_s += time.perf_counter() - started
+        with record_function("nestpipe:h2d"):
+            return batch.to(self.device, self.dtype)
+
+    def take_wait(self) -> float:
+        """Seconds waited for data since the last call (the trainer logs it per step)."""
+        waited, self.wait_s = self.wait_s, 0.0
+        return waited

@@ -26,7 +26,7 @@ threads, NCCL on its stream) so a schedule can overlap them with dense compute.
 
 from __future__ import annotations
 
-import threading
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -56,33 +56,46 @@ def _unpack(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 @dataclass
+class Chunks:
+    """One side of a chunked exchange: per micro-batch chunk, which rows and how many per shard.
+
+    `index[m]` selects chunk m's rows (in the order the wire carries them: grouped by shard,
+    shards in rank order) and `counts[m][s]` is how many of them go to, or come from, shard s.
+    Both are fixed at routing time, so starting a chunk needs no host synchronisation: on a GPU
+    the micro-batch loop never waits for the device to tell it a split size.
+    """
+
+    index: list[torch.Tensor]
+    counts: list[list[int]]
+
+
+@dataclass
 class Exchange:
     """One comm group's rows for a whole window, each unique row once, seen from both ends.
 
-    Requester side (this rank's own rows, sorted by owner): `order`, `owner`, `first`,
-    `last`, `skip`. Owner side (rows peers asked this rank for, in receive order):
-    `recv_slots`, `peer`, `recv_first`, `recv_last`, `recv_skip`. Both ends derive the same
-    per-chunk masks from what the routing all-to-all told them, so no chunk needs its own
-    split-size exchange.
+    Requester side (this rank's own rows, sorted by owner): `order`, `owner`, `slots`.
+    Owner side (rows peers asked this rank for, in receive order): `recv_slots`, `peer`.
+    Both ends derive the same per-chunk split sizes from what the routing all-to-all told
+    them, so no chunk needs its own split-size exchange: `fetch_in`/`grad_out` index the
+    requester's rows, `fetch_out`/`grad_in` the owner's.
     """
 
     offset: int  # where this exchange's rows start in the window's row buffer
     order: torch.Tensor  # order[i] = row index (within the exchange) of the i-th row by owner
     owner: torch.Tensor  # owner of each requested row, owner order
-    first: torch.Tensor  # first micro-batch using each requested row, owner order
-    last: torch.Tensor  # last micro-batch using it
     slots: torch.Tensor  # owner's local slot of each requested row, owner order
     recv_slots: torch.Tensor  # local slots peers requested, in receive order
     peer: torch.Tensor  # who requested each of them
-    recv_first: torch.Tensor
-    recv_last: torch.Tensor
     send_counts: list[int]  # rows this rank requests from each owner
     recv_counts: list[int]  # rows each peer requests from this rank
-    # DBP: rows this rank also requested in the previous window (all False without DBP).
-    # Their prefetch is skipped: that window's update changes them, so they arrive with the
-    # dual-buffer refresh instead.
-    skip: torch.Tensor
-    recv_skip: torch.Tensor
+    # Chunk m of the fetch: the rows first used by micro-batch m, less (DBP) the rows this
+    # rank also requested in the previous window: that window's update changes them, so they
+    # arrive with the dual-buffer refresh instead. Chunk m of the gradients: the rows last
+    # used by micro-batch m.
+    fetch_in: Chunks  # requester: rows received per chunk
+    fetch_out: Chunks  # owner: requested rows sent per chunk
+    grad_out: Chunks  # requester: gradients sent per chunk
+    grad_in: Chunks  # owner: gradients received per chunk
 
 
 @dataclass
@@ -154,7 +167,6 @@ class ShardedEmbeddings:
         self.weight = self._init_weight().to(device, self.dtype)
         self.state = torch.zeros(self.weight.shape[0], dtype=self.dtype, device=device)
         self.bytes: Counter[str] = Counter()
-        self._bytes_lock = threading.Lock()  # DBP's prefetch thread counts too
 
     def _init_weight(self) -> torch.Tensor:
         """Initialise each full table from (seed, table) and keep this shard's rows.
@@ -201,10 +213,10 @@ class ShardedEmbeddings:
         _a2a(recv, send, [len(units)] * size, [len(units)] * size, group)
         send_counts = send.view(size, -1).t().tolist()  # (unit, owner)
         recv_counts = recv.view(size, -1).t().tolist()  # (unit, source shard)
-        starts = [torch.cumsum(u[1], 0) - u[1] for u in units]
-        outgoing = torch.cat([u[0][int(starts[i][d]) : int(starts[i][d]) + send_counts[i][d]]
-                              for d in range(size) for i, u in enumerate(units)])
-        incoming = torch.empty(int(recv.sum()), dtype=torch.int64, device=self.device)
+        outgoing = torch.cat([packed[sum(counts[:d]) : sum(counts[: d + 1])]
+                              for d in range(size)
+                              for (packed, _, _), counts in zip(units, send_counts, strict=True)])
+        incoming = torch.empty(sum(map(sum, recv_counts)), dtype=torch.int64, device=self.device)
         _a2a(incoming, outgoing, [sum(c[s] for c in recv_counts) for s in range(size)],
              [sum(c[d] for c in send_counts) for d in range(size)], group)
         self._count("key_a2a", 8 * len(units), [1] * size)
@@ -216,29 +228,53 @@ class ShardedEmbeddings:
                 pieces[i].append(incoming[pos : pos + recv_counts[i][s]])
                 pos += recv_counts[i][s]
         shards = torch.arange(size, device=self.device)
-        exchanges, offset = [], 0
+        n = len(micro)
+        sides, partitions, offset = [], [], 0
         for i, (packed, counts, order) in enumerate(units):
             slots, first, last = _unpack(packed)
             recv_slots, recv_first, recv_last = _unpack(torch.cat(pieces[i]))
-            owner = torch.repeat_interleave(shards, counts)
-            peer = torch.repeat_interleave(shards, torch.tensor(recv_counts[i], device=self.device))
-            if previous is None:
-                skip = torch.zeros_like(slots, dtype=torch.bool)
-                recv_skip = torch.zeros_like(recv_slots, dtype=torch.bool)
-            else:
+            owner = torch.repeat_interleave(shards, counts, output_size=slots.shape[0])
+            peer = torch.repeat_interleave(shards, recv.view(size, -1)[:, i].contiguous(),
+                                           output_size=recv_slots.shape[0])
+            if previous is not None:
                 before = previous.exchanges[i]
                 skip = torch.isin(_key(owner, slots), _key(before.owner, before.slots))
                 recv_skip = torch.isin(_key(peer, recv_slots), _key(before.peer, before.recv_slots))
-            exchanges.append(Exchange(
-                offset, order, owner, first, last, slots, recv_slots, peer, recv_first,
-                recv_last, send_counts[i], recv_counts[i], skip, recv_skip,
-            ))  # fmt: skip
+                first = torch.where(skip, n, first)  # chunk n: not fetched
+                recv_first = torch.where(recv_skip, n, recv_first)
+            sides.append((offset, order, owner, slots, recv_slots, peer))
+            partitions.extend(self._partition(chunk, shard, n) for chunk, shard in (
+                (first, owner), (recv_first, peer), (last, owner), (recv_last, peer)))
             offset += order.shape[0]
+        chunks = self._chunks(partitions, n)
+        exchanges = [Exchange(*side, send_counts[i], recv_counts[i], *chunks[4 * i : 4 * i + 4])
+                     for i, side in enumerate(sides)]
         rows = torch.zeros(offset, self.dim, dtype=self.dtype, device=self.device,
                            requires_grad=requires_grad)
         lengths = [mb.lengths.reshape(-1) for mb in micro]
         return Window(micro, exchanges, pool_index,
                       [torch.cumsum(x, 0) - x for x in lengths], rows, group)
+
+    def _partition(self, chunk: torch.Tensor, shard: torch.Tensor, n: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows grouped by chunk (0..n, n: in none), shard order kept inside each chunk (the
+        rows come sorted by shard and the sort is stable), and rows per (chunk, shard)."""
+        size = self.groups.group_size
+        return (torch.argsort(chunk, stable=True),
+                torch.bincount(chunk * size + shard, minlength=(n + 1) * size))
+
+    def _chunks(self, partitions: list[tuple[torch.Tensor, torch.Tensor]], n: int
+                ) -> list[Chunks]:
+        """Chunks of every partition, with one device-to-host copy for all their counts."""
+        size = self.groups.group_size
+        flat = torch.cat([counts for _, counts in partitions]).tolist()
+        out = []
+        for p, (index, _) in enumerate(partitions):
+            base = p * (n + 1) * size
+            counts = [flat[base + m * size : base + (m + 1) * size] for m in range(n)]
+            bounds = list(itertools.accumulate((sum(c) for c in counts), initial=0))
+            out.append(Chunks([index[lo:hi] for lo, hi in itertools.pairwise(bounds)], counts))
+        return out
 
     def _dedup(self, micro: list[Batch]) -> tuple[list[tuple], list[torch.Tensor]]:
         """Per comm group: the window's unique rows, owners and first/last use; pool indices.
@@ -288,16 +324,17 @@ class ShardedEmbeddings:
         for m in range(len(window.micro)):
             window.fetches[m] = []
             for ex in window.exchanges:
-                mine, theirs = (ex.first == m) & ~ex.skip, (ex.recv_first == m) & ~ex.recv_skip
+                out, into = ex.fetch_out, ex.fetch_in
                 with record_function("nestpipe:lookup"):
                     wire = self.fwd_codec.encode(
-                        self.weight.index_select(0, ex.recv_slots[theirs]))
-                send = self._per_shard(ex.peer[theirs])
-                got = self.fwd_codec.empty(int(mine.sum()), self.dim, self.device)
-                work = dist.all_to_all_single(got, wire, self._per_shard(ex.owner[mine]), send,
+                        self.weight.index_select(0, ex.recv_slots[out.index[m]]))
+                got = self.fwd_codec.empty(sum(into.counts[m]), self.dim, self.device)
+                work = dist.all_to_all_single(got, wire, into.counts[m], out.counts[m],
                                               group=window.group, async_op=True)
-                self._count("embedding_a2a_fwd", self.fwd_codec.row_bytes(self.dim), send)
-                window.fetches[m].append(Pending(work, got, wire, ex.offset + ex.order[mine]))
+                self._count("embedding_a2a_fwd", self.fwd_codec.row_bytes(self.dim),
+                            out.counts[m])
+                window.fetches[m].append(
+                    Pending(work, got, wire, ex.offset + ex.order[into.index[m]]))
 
     def fetch_wait(self, window: Window, m: int) -> None:
         """Wait for chunk m and put its rows in the window's row buffer (once)."""
@@ -366,14 +403,13 @@ class ShardedEmbeddings:
         pending = []
         grad = window.rows.grad if window.rows.grad is not None else torch.zeros_like(window.rows)
         for ex in window.exchanges:
-            mine, theirs = ex.last == m, ex.recv_last == m
-            send = self._per_shard(ex.owner[mine])
-            wire = self.bwd_codec.encode(grad[ex.offset + ex.order[mine]])
-            got = self.bwd_codec.empty(int(theirs.sum()), self.dim, self.device)
-            work = dist.all_to_all_single(got, wire, self._per_shard(ex.peer[theirs]), send,
+            out, into = ex.grad_out, ex.grad_in
+            wire = self.bwd_codec.encode(grad[ex.offset + ex.order[out.index[m]]])
+            got = self.bwd_codec.empty(sum(into.counts[m]), self.dim, self.device)
+            work = dist.all_to_all_single(got, wire, into.counts[m], out.counts[m],
                                           group=self.groups.shard_group, async_op=True)
-            self._count("grad_a2a_bwd", self.bwd_codec.row_bytes(self.dim), send)
-            pending.append(Pending(work, got, wire, ex.recv_slots[theirs]))
+            self._count("grad_a2a_bwd", self.bwd_codec.row_bytes(self.dim), out.counts[m])
+            pending.append(Pending(work, got, wire, ex.recv_slots[into.index[m]]))
         return pending
 
     def grads_finish(self, pending: list[Pending]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -428,15 +464,10 @@ class ShardedEmbeddings:
 
     # ---- accounting -----------------------------------------------------------------------
 
-    def _per_shard(self, shard_of_row: torch.Tensor) -> list[int]:
-        """Split sizes: how many of these rows go to (or come from) each shard."""
-        return torch.bincount(shard_of_row, minlength=self.groups.group_size).tolist()
-
     def _count(self, kind: str, row_bytes: int, counts: list[int]) -> None:
         """Bytes this rank sends to *other* ranks (its own split never leaves the process)."""
         self.add_bytes(kind, row_bytes * (sum(counts) - counts[self.groups.shard]))
 
     def add_bytes(self, kind: str, n: int) -> None:
-        """Count bytes handed to a collective (from either thread)."""
-        with self._bytes_lock:
-            self.bytes[kind] += n
+        """Count bytes handed to a collective."""
+        self.bytes[kind] += n

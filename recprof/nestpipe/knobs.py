@@ -95,8 +95,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "embedding reshape: dim / k with rows x k (same capacity, fewer bytes per lookup)",
          choices=lambda shape: [1, 2, 4]),
     Knob("dbp", bool, False, "dbp", frozenset({OVERLAP}), False, True,
-         "dual-buffer pipelining (DBP): the next batch is loaded, routed and its rows fetched on "
-         "a prefetch thread while this batch computes",
+         "dual-buffer pipelining (DBP): the next batch is loaded, routed and its rows fetched "
+         "while this batch computes (on a copy stream on GPUs)",
          choices=lambda shape: [False, True]),
     Knob("clustering", bool, False, "clustering", frozenset({OVERLAP}), False, True,
          "key-centric sample clustering across micro-batches (needs micro_batches > 1)",

@@ -31,9 +31,9 @@ class Groups:
     hsp_groups: int  # M
     shard_group: dist.ProcessGroup
     replica_group: dist.ProcessGroup | None  # None when M == 1
-    # The same ranks as shard_group, for the DBP routing/prefetch stage, which issues its
-    # collectives from its own thread: a group's collectives must come in the same order on
-    # every rank, which two threads sharing one group could not promise.
+    # The same ranks as shard_group, for DBP's routing and prefetch of the next batch: a
+    # communicator (and NCCL stream) of its own, so that exchange is not queued behind this
+    # batch's gradients. One thread issues both groups' collectives (schedule.py).
     prefetch_group: dist.ProcessGroup | None = None
 
 

@@ -2,7 +2,7 @@
 
 One step, every stage under a stable `record_function` label (docs/nestpipe.md):
 
-    nestpipe:data_wait           next batch from the DataLoader (workers, pinned memory)
+    nestpipe:data_wait           next batch (generated on the GPU, or from the DataLoader)
     nestpipe:h2d                 its host-to-device copy (non-blocking; a no-op on CPU)
     nestpipe:key_routing         micro-batch split/clustering, dedup, owners, slot all-to-alls
     nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-alls started (async)
@@ -21,9 +21,10 @@ One step, every stage under a stable `record_function` label (docs/nestpipe.md):
     nestpipe:dbp_refresh         DBP only: rows of the prefetched next batch that this update
                                  changed are sent (dual-buffer synchronisation)
 
-With DBP the next batch is loaded, routed and its fetch started on a prefetch thread (with
-its own process group) while this batch computes, so `data_wait`/`key_routing`/
-`embedding_a2a_fwd` of step t+1 run inside step t, on that thread.
+The schedules (schedule.py) decide the order: with DBP the next batch is loaded, routed and
+its fetch started (its own process group, a copy stream on GPUs) inside step t, so
+`data_wait`/`key_routing`/`embedding_a2a_fwd` of step t+1 run inside step t; one thread issues
+every collective, in the same order on every rank.
 
 Losses are sums over the local samples divided by the *global* batch size, so summing
 gradients over ranks (and micro-batches) gives exactly the global-batch gradient of a single
@@ -35,8 +36,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +48,12 @@ from torch.profiler import record_function
 from recprof.errors import RecprofError
 from recprof.exit_race import avoid_gloo_exit_abort
 from recprof.nestpipe.config import TrainConfig
-from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, make_loader
+from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, Feed
 from recprof.nestpipe.embedding import ShardedEmbeddings, Window
 from recprof.nestpipe.metrics import roc_auc
 from recprof.nestpipe.microbatch import split
 from recprof.nestpipe.model import DenseArch
+from recprof.nestpipe.schedule import make_schedule
 from recprof.nestpipe.sharding import Groups, make_groups
 from recprof.nestpipe.state import gather_state
 
@@ -104,23 +105,21 @@ class Trainer:
             emb.fetch_start(window)
         return window
 
-    def prepare_next(self, batches: Iterator[Batch], previous: Window | None) -> Window:
-        """DBP's prefetch stage, run on its own thread: load and copy the next batch, route
-        it and start its fetches, on the prefetch process group."""
-        return self.prepare(_next(batches, self.device, self.dtype), previous,
-                            self.groups.prefetch_group)
-
     def refresh(self, window: Window, updated: torch.Tensor) -> None:
         """DBP: bring a window prefetched before the last update up to date (see refresh())."""
         with record_function("nestpipe:dbp_refresh"):
             self.embeddings.refresh(window, updated)
 
-    def finish(self, window: Window) -> tuple[float, torch.Tensor]:
+    def finish(
+        self, window: Window, after_first: Callable[[], None] | None = None
+    ) -> tuple[float, torch.Tensor]:
         """Compute, exchange gradients and update; returns (global mean loss, updated slots).
 
         Micro-batch i's dense compute runs while the rows first needed by i+1.. are still on
         the wire, and the gradients of rows no later micro-batch uses are sent as soon as i's
         backward is done. With one micro-batch and no DBP this is the synchronous baseline.
+        `after_first` runs once the first micro-batch's forward and backward are issued (the
+        schedule's place for DBP's prefetch on a device that queues work, see schedule.py).
         """
         cfg, emb = self.cfg, self.embeddings
         sends, loss_sum = [], torch.zeros((), dtype=self.dtype, device=self.device)
@@ -133,6 +132,8 @@ class Trainer:
             with record_function("nestpipe:dense_bwd"):
                 (loss / cfg.batch_size).backward()
                 loss_sum += loss.detach()
+            if i == 0 and after_first is not None:
+                after_first()
             with record_function("nestpipe:grad_a2a_bwd"):
                 sends.extend(emb.grads_start(window, i))
         with record_function("nestpipe:dense_allreduce"):
@@ -165,11 +166,11 @@ class Trainer:
         if batches == 0:
             return None, None
         scores, labels = [], []
-        loader = make_loader(self.cfg, EVAL_STREAM, batches, self.groups.rank, self.groups.world, 0,
-                             self.device)
+        feed = Feed(self.cfg, EVAL_STREAM, batches, self.groups.rank, self.groups.world, 0,
+                    self.device, self.dtype)
         with record_function("nestpipe:eval"):
-            for batch in loader:
-                batch = batch.to(self.device, self.dtype)
+            for _ in range(batches):
+                batch = feed.next()
                 window = self.embeddings.route([batch], requires_grad=False)
                 self.embeddings.fetch(window)
                 scores.append(self.model(batch.dense, self.embeddings.pool(window, 0)))
@@ -220,16 +221,6 @@ def init_distributed(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _next(batches: Iterator[Batch], device: torch.device, dtype: torch.dtype) -> Batch:
-    """Stages 1-2 of the pipeline: a batch the DataLoader workers prefetched (pinned where
-    there is a device), then its host-to-device copy (non-blocking; a no-op on CPU), floats
-    in the run's dtype."""
-    with record_function("nestpipe:data_wait"):
-        batch = next(batches)
-    with record_function("nestpipe:h2d"):
-        return batch.to(device, dtype)
-
-
 def _bytes_per_step(trainer: Trainer, steps: int) -> dict[str, float]:
     """Bytes handed to collectives per training step, summed over ranks."""
     local = torch.tensor([float(trainer.embeddings.bytes[k]) for k in BYTE_KINDS],
@@ -263,30 +254,20 @@ def train(
     if out is not None and is_main:
         out.mkdir(parents=True, exist_ok=True)
         metrics_fh = (out / "metrics.jsonl").open("w")
-    loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers,
-                         device)
-    batches = iter(loader)
-    walls, loss = [], float("nan")
-    with ThreadPoolExecutor(1, thread_name_prefix="nestpipe-prefetch") as stage:
-        # DBP: batch t+1 is loaded, routed and its fetch started on the prefetch thread
-        # (own process group) while batch t trains on this one.
-        upcoming = stage.submit(trainer.prepare_next, batches, None) if cfg.dbp else None
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
-            if upcoming is None:
-                current = trainer.prepare(_next(batches, device, trainer.dtype))
-            else:
-                current = upcoming.result()
-                upcoming = (stage.submit(trainer.prepare_next, batches, current)
-                            if step + 1 < cfg.steps else None)
-            loss, updated = trainer.finish(current)
-            if upcoming is not None:
-                trainer.refresh(upcoming.result(), updated)
-            walls.append(time.perf_counter() - t0)
-            if metrics_fh is not None:
-                record = {"step": step, "samples": cfg.batch_size, "wall_s": walls[-1],
-                          "loss": loss}
-                metrics_fh.write(json.dumps(record) + "\n")
+    feed = Feed(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers,
+                device, trainer.dtype)
+    walls, waits, loss = [], [], float("nan")
+    schedule = make_schedule(trainer, feed)
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        loss, _ = schedule.step(last=step + 1 == cfg.steps)
+        walls.append(time.perf_counter() - t0)
+        waits.append(feed.take_wait())
+        if metrics_fh is not None:
+            record = {"step": step, "samples": cfg.batch_size, "wall_s": walls[-1],
+                      "data_wait_s": waits[-1], "loss": loss}
+            metrics_fh.write(json.dumps(record) + "\n")
+            metrics_fh.flush()  # the tuner's watchdog reads progress from it (tuner/runner.py)
     if metrics_fh is not None:
         metrics_fh.close()
     bytes_per_step = _bytes_per_step(trainer, cfg.steps)
@@ -300,6 +281,7 @@ def train(
         "world_size": groups.world,
         "backend": dist.get_backend(),
         "throughput_samples_per_s": cfg.batch_size * len(steady) / sum(steady),
+        "data_wait_share": sum(waits[cfg.warmup_steps :]) / sum(steady),
         "steady_steps": len(steady),
         "final_loss": loss,
         "eval_auc": eval_auc,

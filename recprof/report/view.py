@@ -179,7 +179,9 @@ def _collective_row(c: CollectiveStats) -> list[Cell]:
     count = c.count_per_step
     return [
         Cell(c.kind, css="name whole"),
-        Cell(c.purpose, css="name whole", sub=PURPOSE_MEANING.get(c.purpose)),
+        Cell(c.purpose, css="name whole", sub=(
+            f"{PURPOSE_MEANING.get(c.purpose, '')} (inferred from the trace: no label says)"
+            if c.purpose_inferred else PURPOSE_MEANING.get(c.purpose))),
         Cell(c.process_group, css="name"),
         Cell(f"{count:.1f}" if count % 1 else f"{count:.0f}", sort=count, css="num"),
         _ms_cell(c.total_us_per_step), _ms_cell(c.exposed_us_per_step),
@@ -217,7 +219,8 @@ def _collectives(job: JobAnalysis, anchor: str, figs: dict) -> Section:
               "All-to-all bytes per peer, by what they carry")
     return Section(f"{anchor}-collectives", title, blocks, note=(
         "One row per kind, process group and what the collective carries (from the labels "
-        "around its launch; docs/analysis.md, Collective purposes)."))
+        "around its launch, else inferred from where it runs and what it moves; "
+        "docs/analysis.md, Collective purposes)."))
 
 
 def _skew_text(job: JobAnalysis) -> str:
@@ -333,21 +336,39 @@ def _skew(job: JobAnalysis, anchor: str, figs: dict) -> Section:
 
 
 def _idle(job: JobAnalysis, anchor: str, figs: dict) -> Section:
+    words = devices.of_document(job.device_kind)
     count = sum(r.idle_gaps.count for r in job.ranks)
     idle, step = job.per_step.idle, job.per_step.step
     causes: dict[str, float] = {}
+    queued = 0.0
     for r in job.ranks:
         n = max(len(r.steps), 1) * len(job.ranks)
+        queued += r.idle_gaps.queued_us / n
         for cause, us in r.idle_gaps.by_cause_us.items():
             causes[cause] = causes.get(cause, 0.0) + us / n
-    device = devices.of_document(job.device_kind).device
-    text = (f"Idle (no {device} activity) averages {units.duration(idle)} per step "
-            f"({units.percent(idle, step)} of the step) over {count} gaps on all ranks.")
+    text = (f"Idle (no {words.device} activity) averages {units.duration(idle)} per step "
+            f"({units.percent(idle, step)} of the step) over {count} gaps on all ranks")
+    if words.queues_work:
+        text += (f"; {units.duration(queued)} per step of it sat queued: work launched but not "
+                 f"started")
+    text += "."
     if causes:
         text += " By cause, per step: " + ", ".join(
             f"{c} {units.duration(us)}" for c, us in sorted(causes.items(), key=lambda kv: -kv[1])
         ) + "."
     blocks: list = [Paragraph(text)]
+    latencies = [r.idle_gaps.launch_latency_us for r in job.ranks
+                 if r.idle_gaps.launch_latency_us is not None]
+    if words.queues_work:
+        latency = (f" and the {sum(latencies) / len(latencies):.1f} µs its work takes to "
+                   f"start when nothing holds it (on this trace)" if latencies else "")
+        blocks.append(Paragraph(
+            f"Each gap is split at the launch of the work that ends it. Until the launch call "
+            f"returned{latency}, the host had not issued the work (data loading, host-bound "
+            f"launch, ...); after that the work sat queued on the {words.device}: behind another "
+            f"stream's work it waited for, or with the {words.device} held by work outside "
+            f"this process (another process on the same {words.device}). See "
+            f"docs/analysis.md, Idle gaps.", css="note"))
     info = figures.idle_histogram_info(job)
     if info is not None:
         figs[f"{anchor}-idle-hist"] = figures.plot_idle_histogram(info)
@@ -359,16 +380,19 @@ def _idle(job: JobAnalysis, anchor: str, figs: dict) -> Section:
     for rank, g in gaps:
         start = step_start.get((rank, g.step))
         at = (g.start_us - start) if start is not None else None
+        queued = ([Cell(f"{g.queued_us / 1000:.3f}", sort=g.queued_us / 1000, css="num")]
+                  if words.queues_work else [])
         rows.append([
             Cell(str(rank), sort=rank), Cell("–" if g.step is None else str(g.step)),
             Cell(f"{g.dur_us / 1000:.3f}", sort=g.dur_us / 1000, css="num"),
             Cell(f"{at / 1000:.2f}" if at is not None else "–",
                  sort=at / 1000 if at is not None else -1.0, css="num"),
-            Cell(g.cause), Cell(g.detail, css="name"),
+            *queued, Cell(g.cause), Cell(g.detail, css="name"),
         ])
     if rows:
         blocks.append(Table(
             columns=[Column("rank"), Column("step"), Column("ms", True), Column("at ms", True),
+                     *([Column("queued ms", True)] if words.queues_work else []),
                      Column("cause"), Column("detail")],
             rows=rows, css="gaps", heading="Largest gaps"))
     return Section(f"{anchor}-idle", "Idle gaps", blocks)

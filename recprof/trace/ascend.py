@@ -812,10 +812,12 @@ class _Rows:
             lane=np.array(self.lane, dtype=np.int32)[order],
             name=np.array(self.name, dtype=np.int32)[order],
             launch=np.array(self.launch, dtype=np.float64)[order],
+            launch_end=np.full(n, np.nan),  # the op that issued it, not a launch call
             coll_kind=np.array(self.kind, dtype=np.int16)[order],
             coll_group=np.array(self.group, dtype=np.int32)[order],
             coll_bytes=np.array(self.nbytes, dtype=np.float64)[order],
             coll_sends=sends[order],
             launched_on_main=np.array(self.on_main, dtype=bool)[order],
+            coll_floating=np.full(n, -1, dtype=np.int8),
             coll_wait=np.array(self.wait, dtype=np.float64)[order],
             coll_peer_wait=peer_wait[order])

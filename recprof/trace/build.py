@@ -7,10 +7,11 @@ each trace generation (see ../shared/docs/field-notes.md); everything downstream
 
 from __future__ import annotations
 
+import bisect
 import gc
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from recprof.trace import sanitize
+from recprof.trace.devices import facts as device_facts
 from recprof.trace.model import (
     Activities,
     ActivityClass,
@@ -26,6 +28,7 @@ from recprof.trace.model import (
     LabelSpans,
     RankTrace,
     Step,
+    StreamWaits,
     TraceHeader,
 )
 from recprof.trace.reader import CheckedEvent, RawTrace, TraceEvent, TraceFileError
@@ -39,9 +42,11 @@ from recprof.trace.vocabulary import (
     is_collective_op,
     is_comm_kernel,
     is_comm_wait_op,
+    is_lookup_op,
     kernel_dtype_size,
     label_meaning,
     message_bytes,
+    payload_floating,
 )
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -54,10 +59,13 @@ _DEVICE_CATS = _KERNEL_CATS | _COPY_CATS | _MEMSET_CATS | _MTIA_DEVICE_CATS
 _RUNTIME_CATS = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
 _HOST_OP_CATS = {"cpu_op", "operator", "user_annotation"}
 _ATEN_OP_CATS = {"cpu_op", "operator"}
-_HOST, _DEVICE, _RUNTIME = "host", "device", "runtime"
+_SYNC_CATS = {"cuda_sync"}
+_HOST, _DEVICE, _RUNTIME, _SYNC = "host", "device", "runtime", "sync"
 #: What each (lower-case) category is read as; other categories are not read.
 _CATEGORY_ROLES = {**dict.fromkeys(_HOST_OP_CATS, _HOST), **dict.fromkeys(_DEVICE_CATS, _DEVICE),
-                   **dict.fromkeys(_RUNTIME_CATS, _RUNTIME)}
+                   **dict.fromkeys(_RUNTIME_CATS, _RUNTIME), **dict.fromkeys(_SYNC_CATS, _SYNC)}
+#: The cuda_sync row that makes a stream wait for an event recorded on another stream.
+_STREAM_WAIT = "Stream Wait Event"
 _KIND_INDEX = {kind: i for i, kind in enumerate(COLLECTIVE_KINDS)}
 _AMD_NAME = re.compile(r"AMD|Instinct|Radeon", re.IGNORECASE)
 _MAX_ID = sanitize.MAX_COUNT
@@ -71,8 +79,9 @@ _HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
 # A device event with its fields checked (sanitize): start, end, category, name, pid, tid, args
 _DeviceEvent = tuple[float, float, str, str, Any, Any, dict[str, Any]]
 # start, end, class, lane, name, launch, collective kind, group, bytes, bytes sent per peer,
-# launched from the main thread
-_Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool]
+# launched from the main thread, floating-point payload (1, 0, -1 unknown), launch call's end
+_Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool,
+             int, float]
 _STAGE_INDEX = {stage: i for i, stage in enumerate(STAGES)}
 _PURPOSE_INDEX = {purpose: i for i, purpose in enumerate(PURPOSES)}
 
@@ -87,6 +96,7 @@ class _Marker:
     group: str | None
     nbytes: int | None
     sends: tuple[float, ...] | None = None
+    floating: bool | None = None
 
 
 class _Interner:
@@ -95,6 +105,10 @@ class _Interner:
     def __init__(self) -> None:
         self.values: list[str] = []
         self._index: dict[str, int] = {}
+
+    def get(self, value: str) -> int | None:
+        """The index of `value` if it was stored, without storing it."""
+        return self._index.get(value)
 
     def __call__(self, value: str) -> int:
         idx = self._index.get(value)
@@ -153,6 +167,7 @@ def _header(raw: RawTrace, origin_us: float, first_ts: float, device_kind: Devic
         device_names=names,
         host=sanitize.bounded_text(host) if isinstance(host, str) else None,
         process_groups=groups,
+        visible_devices=len(props),
     )
 
 
@@ -304,9 +319,10 @@ def _build(raw: RawTrace) -> RankTrace:
     steps: list[Step] = []
     step_tids: Counter[tuple[Any, Any]] = Counter()
     device_events: list[_DeviceEvent] = []
-    launches: dict[int, tuple[float, Any, Any]] = {}
+    launches: dict[int, tuple[float, Any, Any, float]] = {}  # start, pid, tid, end
     host_ops: list[_HostOp] = []
     gloo_ops: list[_HostOp] = []
+    stream_waits: list[tuple[float, Any, dict[str, Any]]] = []  # ts, device pid, args
     has_gpu = has_mtia = False
     first_ts = float("inf")
     categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
@@ -361,7 +377,14 @@ def _build(raw: RawTrace) -> RankTrace:
         elif cat_role is _RUNTIME:
             corr = sanitize.count(raw.correlation(ev))
             if corr is not None:
-                launches[corr] = (ts, pid, tid)
+                # A runtime call and the driver call inside it may share the id: the launch
+                # spans both, from the earlier start to the later end.
+                known = launches.get(corr)
+                launches[corr] = ((ts, pid, tid, end) if known is None else
+                                  (min(ts, known[0]), *((pid, tid) if ts < known[0]
+                                                        else known[1:3]), max(end, known[3])))
+        elif cat_role is _SYNC and name == _STREAM_WAIT:
+            stream_waits.append((ts, pid, sanitize.event_args(raw.args(ev))))
 
     if first_ts == float("inf"):
         problem = "no timed events"
@@ -402,16 +425,19 @@ def _build(raw: RawTrace) -> RankTrace:
             group = args.get("Process Group Name", args.get("Process Group ID"))
             markers[(pid, tid)].append(_Marker(
                 start, end, kind, None if group is None else str(group), message_bytes(args),
-                all_to_all_sends(args, header.world_size) if kind == "all_to_all" else None))
+                all_to_all_sends(args, header.world_size) if kind == "all_to_all" else None,
+                payload_floating(args)))
     marker_starts = {key: np.array([m.start for m in ms]) for key, ms in markers.items()}
 
     if device_kind in (DeviceKind.CPU,):
         rows = _cpu_rows(host, host_ops, gloo_ops, main_tid, names, lanes, header.world_size)
     else:
-        rows = _Rows.of([_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid)
-                         for ev in device_events])
+        lane_of = _lane_namer(device_kind)
+        rows = _Rows.of([_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid,
+                                     lane_of) for ev in device_events])
     if not len(rows.start):
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
+    header.devices = sorted({ev[4] for ev in device_events if type(ev[4]) is int})
 
     return RankTrace(
         header=header,
@@ -420,6 +446,7 @@ def _build(raw: RawTrace) -> RankTrace:
         activities=rows.activities(),
         steps=steps,
         **host.trace_fields(names),
+        stream_waits=_stream_waits(stream_waits, device_events, lanes, _lane_namer(device_kind)),
         warnings=warnings,
     )
 
@@ -460,12 +487,13 @@ class _HostColumns:
     def trace_fields(self, names: _Interner) -> dict[str, Any]:
         """The host-side fields of a `RankTrace`, whatever format the trace came in (Kineto
         here, torch_npu's in trace/ascend.py): data loading, waits on communication, the main
-        thread's ops, labels and framework marks."""
+        thread's ops, embedding lookups, labels and framework marks."""
         return {
             "data_loading": self.spans(
                 self.named(lambda n: n.startswith("enumerate(DataLoader)")), names),
             "comm_waits": self.spans(self.named(is_comm_wait_op), names),
             "main_thread_ops": self.spans(self.main, names),
+            "lookups": self.spans(self.named(is_lookup_op), names),
             "labels": self.label_spans(),
             "framework_marks": self.framework_marks(),
         }
@@ -530,10 +558,12 @@ class _Rows:
     coll_bytes: np.ndarray
     coll_sends: np.ndarray
     launched_on_main: np.ndarray
+    coll_floating: np.ndarray
+    launch_end: np.ndarray
 
     @classmethod
     def of(cls, rows: list[_Row]) -> _Rows:
-        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 11
+        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 13
         sends = np.empty(len(rows), dtype=object)
         sends[:] = list(cols[9])
         return cls(*(np.asarray(c, dtype=t) if t is not object else sends
@@ -550,25 +580,88 @@ class _Rows:
 
 
 _ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, np.int16,
-              np.int32, np.float64, object, bool)
+              np.int32, np.float64, object, bool, np.int8, np.float64)
+
+
+_LaneNamer = Callable[[Any, Any], str]  # (device, stream) -> lane name
+
+
+def _lane_namer(kind: DeviceKind) -> _LaneNamer:
+    """How a device stream's lane is named: `GPU 0 stream 7`, in the device kind's word
+    (recprof/trace/devices.py)."""
+    word = device_facts(kind).device
+
+    def name(device: Any, stream: Any) -> str:
+        return f"{word} {device} stream {stream}"
+
+    return name
+
+
+def _stream_waits(waits: list[tuple[float, Any, dict[str, Any]]],
+                  device_events: list[_DeviceEvent], lanes: _Interner,
+                  lane_of: _LaneNamer) -> StreamWaits:
+    """The stream waits the trace records, each with the end of the work it waits for.
+
+    Kineto names the awaited event by the correlation id of the `cudaEventRecord` call that
+    recorded it and the stream it was recorded on; the work it stands for is the last work
+    that stream was given before that call: the device event on it with the highest
+    correlation id below the record's (correlation ids grow with the launch order). Waits on
+    streams that ran nothing in the trace, or by a stream without work, are left out: they
+    cannot hold back anything the analysis sees."""
+    if not waits:
+        return StreamWaits.empty()
+    by_stream: dict[str, tuple[list[int], list[float]]] = {}
+    for _start, end, _cat, _name, pid, tid, args in sorted(
+            device_events, key=lambda ev: _corr_key(ev[6])):
+        corr = sanitize.count(args.get("correlation"))
+        if corr is not None:
+            corrs, ends = by_stream.setdefault(lane_of(pid, args.get("stream", tid)), ([], []))
+            corrs.append(corr)
+            ends.append(max(end, ends[-1]) if ends else end)  # a stream runs in order:
+    rows: list[tuple[float, int, int, float]] = []            # the latest end so far
+    for ts, pid, args in waits:
+        waiting = lanes.get(lane_of(pid, args.get("stream")))
+        if waiting is None:
+            continue
+        waited = lane_of(pid, args.get("wait_on_stream"))
+        record = sanitize.count(args.get("wait_on_cuda_event_record_corr_id"))
+        ready = float("nan")
+        if waited in by_stream and record is not None:
+            corrs, ends = by_stream[waited]
+            i = bisect.bisect_left(corrs, record) - 1
+            if i >= 0:
+                ready = ends[i]
+        index = lanes.get(waited)
+        rows.append((ts, waiting, -1 if index is None else index, ready))
+    if not rows:
+        return StreamWaits.empty()
+    rows.sort()
+    cols = list(zip(*rows, strict=True))
+    return StreamWaits(np.array(cols[0], dtype=np.float64), np.array(cols[1], dtype=np.int32),
+                       np.array(cols[2], dtype=np.int32), np.array(cols[3], dtype=np.float64))
+
+
+def _corr_key(args: dict[str, Any]) -> int:
+    corr = sanitize.count(args.get("correlation"))
+    return -1 if corr is None else corr
 
 
 def _device_row(
     ev: _DeviceEvent,
-    launches: dict[int, tuple[float, Any, Any]],
+    launches: dict[int, tuple[float, Any, Any, float]],
     markers: dict[tuple[Any, Any], list[_Marker]],
     marker_starts: dict[tuple[Any, Any], np.ndarray],
     names: _Interner,
     lanes: _Interner,
     main_tid: tuple[Any, Any] | None,
+    lane_of: _LaneNamer,
 ) -> _Row:
     start, end, cat, name, pid, tid, args = ev
-    stream = args.get("stream", tid)
-    lane = lanes(f"device {pid} stream {stream}")
+    lane = lanes(lane_of(pid, args.get("stream", tid)))
     corr = args.get("correlation")
     launch = launches.get(corr) if corr is not None else None
-    launch_ts = launch[0] if launch else float("nan")
-    kind_idx, group_idx, nbytes, sends = -1, -1, float("nan"), None
+    launch_ts, launch_end = (launch[0], launch[3]) if launch else (float("nan"), float("nan"))
+    kind_idx, group_idx, nbytes, sends, floating = -1, -1, float("nan"), None, -1
     if cat in _KERNEL_CATS:
         klass = ActivityClass.COMM if is_comm_kernel(name) else ActivityClass.COMPUTE
     elif cat in _COPY_CATS or (cat in _MTIA_DEVICE_CATS and "dma" in name.lower()):
@@ -597,9 +690,13 @@ def _device_row(
         if kind == "all_to_all":
             sends = (all_to_all_sends(args, None) if "In split size" in args
                      else marker.sends if marker else None)
+        payload = payload_floating(args)
+        if payload is None and marker:
+            payload = marker.floating
+        floating = -1 if payload is None else int(payload)
     on_main = launch is None or (launch[1], launch[2]) == main_tid
     return (start, end, int(klass), lane, names(name), launch_ts, kind_idx, group_idx, nbytes,
-            sends, on_main)
+            sends, on_main, floating, launch_end)
 
 
 #: Enqueues looked at for one transfer: the pairing only ever skips a few.
@@ -690,6 +787,7 @@ def _cpu_rows(
         kind = collective_kind(name) or "unknown"
         size = message_bytes(args)
         launch, sends, on_main = start, None, False
+        payload = payload_floating(args)
         enqueue_op = _enqueue_of(enqueued.get(kind), start, size)
         if enqueue_op is not None:
             launch, on_main = enqueue_op[0], (enqueue_op[3], enqueue_op[4]) == main_tid
@@ -697,9 +795,12 @@ def _cpu_rows(
                 sends = all_to_all_sends(enqueue_op[5], world_size)
             if on_main:
                 transfer_end[position[id(enqueue_op)]] = end
+            if isinstance(enqueue_op[5], dict) and payload is None:
+                payload = payload_floating(enqueue_op[5])
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),
                      names(name), launch, _KIND_INDEX[kind], -1,
-                     float(size) if size is not None else nan, sends, on_main))
+                     float(size) if size is not None else nan, sends, on_main,
+                     -1 if payload is None else int(payload), launch))
 
     chosen = enqueue | compute
     n = int(chosen.sum())
@@ -709,7 +810,8 @@ def _cpu_rows(
         lane=np.full(n, main_lane, dtype=np.int32), name=host.name_ids(chosen, names),
         launch=host.start[chosen], coll_kind=np.full(n, -1, dtype=np.int16),
         coll_group=np.full(n, -1, dtype=np.int32), coll_bytes=np.full(n, nan),
-        coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool))
+        coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool),
+        coll_floating=np.full(n, -1, dtype=np.int8), launch_end=host.start[chosen])
     waits = _blocking_waits(host, compute, candidate, transfer_end)
     return _Rows.concat([_cut_waits(main_rows, np.flatnonzero(compute[chosen]), waits),
                          _Rows.of(rows)])
@@ -777,4 +879,5 @@ def _cut_waits(rows: _Rows, compute_rows: np.ndarray,
     start = np.array([p[1] for p in pieces])
     extra = _Rows(*(getattr(rows, f)[index] for f in _Rows.__dataclass_fields__))
     extra.start, extra.launch, extra.end = start, start.copy(), np.array([p[2] for p in pieces])
+    extra.launch_end = start.copy()
     return _Rows.concat([rows, extra])

@@ -34,11 +34,14 @@ class DeviceFacts:
     #: The tool its users open for op-level questions on the profiler's own output, where that
     #: is not TensorBoard's PyTorch Profiler plugin on Kineto traces (`recprof view`): None there.
     viewer: str | None = None
+    #: What lets several processes' kernels run on one device at once instead of in time
+    #: slices, where the vendor has one: the advice for ranks that share one.
+    concurrent_sharing: str | None = None
 
 
 _FACTS: dict[DeviceKind, DeviceFacts] = {
     DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True, kind_name="CUDA",
-                                 work="kernels"),
+                                 work="kernels", concurrent_sharing="the CUDA MPS daemon"),
     DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True, kind_name="ROCm",
                                  work="kernels"),
     DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True,

@@ -47,6 +47,11 @@ class TraceHeader:
     process_groups: dict[str, list[int]] = field(default_factory=dict)
     # Every time in a RankTrace is relative to this absolute origin (microseconds); see build.
     origin_us: float = 0.0
+    #: Device indices the rank's activity ran on (Kineto's device `pid`), and how many devices
+    #: the process could see (`deviceProperties`): with one visible device every rank reads
+    #: index 0, whichever physical device CUDA_VISIBLE_DEVICES gave it.
+    devices: list[int] = field(default_factory=list)
+    visible_devices: int = 0
 
 
 @dataclass
@@ -63,6 +68,9 @@ class Activities:
     lane: np.ndarray  # index into RankTrace.lanes
     name: np.ndarray  # index into RankTrace.names
     launch: np.ndarray  # host launch time or NaN when unknown
+    # when the host call that launched it returned (NaN when unknown): a call can run long
+    # (a pageable copy's staging, a kernel module loaded lazily on first launch)
+    launch_end: np.ndarray
     # index into vocabulary.COLLECTIVE_KINDS; -1 where the activity is not a collective
     # instance (non-comm work, or a gloo collective's enqueue on the main thread)
     coll_kind: np.ndarray
@@ -73,6 +81,9 @@ class Activities:
     coll_sends: np.ndarray
     # the host thread that issued it is the one that runs the steps (labels are per thread)
     launched_on_main: np.ndarray
+    # a collective's payload: 1 floating point (embeddings, gradients), 0 integer (ids,
+    # counts), -1 unknown or not a collective; int8
+    coll_floating: np.ndarray
     # Where the trace itself measures how long a collective instance waited for its peers
     # (HCCL's Notify_Wait sub-tasks, trace/ascend.py): per activity, the wait as the vendor's
     # own analysis counts it (µs, NaN elsewhere), and the time it waited for each peer before
@@ -95,6 +106,26 @@ class HostSpans:
     start: np.ndarray
     end: np.ndarray
     name: np.ndarray  # index into RankTrace.names
+
+
+@dataclass
+class StreamWaits:
+    """Where a stream was told to wait for another stream's work: Kineto's `cuda_sync`
+    "Stream Wait Event" rows, recorded when the profiler's CUDA sync events are on (capture
+    turns them on). Work queued on `lane` after the wait cannot start before `ready`."""
+
+    issued: np.ndarray  # when the host issued the wait (us from the origin)
+    lane: np.ndarray  # the waiting stream, index into RankTrace.lanes
+    waited_lane: np.ndarray  # the stream waited on, index into RankTrace.lanes (-1: no work)
+    ready: np.ndarray  # end of the awaited work on that stream; NaN when the trace lacks it
+
+    def __len__(self) -> int:
+        return int(self.issued.shape[0])
+
+    @staticmethod
+    def empty() -> StreamWaits:
+        return StreamWaits(np.zeros(0), np.zeros(0, dtype=np.int32),
+                           np.zeros(0, dtype=np.int32), np.zeros(0))
 
 
 @dataclass
@@ -147,7 +178,11 @@ class RankTrace:
     data_loading: HostSpans
     comm_waits: HostSpans
     main_thread_ops: HostSpans  # every main-thread op: explains gaps on CPU-only runs
+    #: Embedding lookup ops (vocabulary.is_lookup_op) on any thread: a hand-written job's
+    #: lookup stage (recprof/analysis/stages.py).
+    lookups: HostSpans
     labels: LabelSpans | None = None
+    stream_waits: StreamWaits = field(default_factory=StreamWaits.empty)
     #: How many host names carry each framework's signature (vocabulary.framework_sign).
     framework_marks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

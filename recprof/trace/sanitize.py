@@ -213,6 +213,9 @@ _ARGS = {
     "Input Dims": _dims,
     "Input type": _flat,
     "Concrete Inputs": _concrete,
+    # cuda_sync "Stream Wait Event": the stream waited on and the event record's correlation
+    "wait_on_stream": _key_arg,
+    "wait_on_cuda_event_record_corr_id": count,
     # torch_npu's (trace/ascend.py): a device task's type and its link to the host call; an
     # HCCL op's dtype and element count; a plane task's peers, transport and bytes
     "Task Type": _text_arg,

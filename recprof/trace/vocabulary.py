@@ -106,6 +106,31 @@ _KERNEL_DTYPE = re.compile(r"_(f16|f32|f64|bf16|i8|u8|i32|u32|i64|u64|float|half
                            r"(?:_|\(|$)|Sum_(int8_t|float|half|double)")
 
 
+_FLOATING = re.compile(r"float|half|double|bfloat|^f\d|^fp\d|^bf16$", re.IGNORECASE)
+
+
+def dtype_floating(dtype: str | None) -> bool | None:
+    """Whether a dtype name (`Float`, `c10::BFloat16`, `long int`, `f32`) is floating point
+    (embeddings, gradients) rather than integer (ids, counts); None for a name it is not."""
+    if not dtype or dtype_size(dtype) is None:
+        return None
+    return bool(_FLOATING.search(dtype.strip()))
+
+
+def payload_floating(args: dict[str, Any]) -> bool | None:
+    """Whether a collective call moves floating-point data, from its `dtype` (NCCL kernels,
+    record_param_comms) or the first typed tensor of its `Input type` (c10d ops, gloo)."""
+    floating = dtype_floating(args.get("dtype")) if isinstance(args.get("dtype"), str) else None
+    if floating is not None:
+        return floating
+    types = args.get("Input type")
+    if isinstance(types, list):
+        for t in types:
+            if isinstance(t, str) and (found := dtype_floating(t)) is not None:
+                return found
+    return None
+
+
 def dtype_size(dtype: str | None) -> int | None:
     if not dtype:
         return None
@@ -202,9 +227,9 @@ PURPOSE_MEANING = {
     "kjt_splits": "TorchRec input dist: how many keys go to each rank",
     "kjt_lengths": "TorchRec input dist: the keys' bag lengths",
     "kjt_values": "TorchRec input dist: the key ids",
-    "key_routing": "the built-in trainer's deduplicated keys to their owners",
+    "key_routing": "ids (keys) and their counts to the ranks that own the rows",
     "pooled_embeddings_fwd": "TorchRec: pooled embeddings to the samples' ranks",
-    "embedding_rows_fwd": "the built-in trainer: embedding rows to the ranks that asked",
+    "embedding_rows_fwd": "embedding rows to the ranks that asked for them",
     "embedding_grads_bwd": "embedding gradients back to the rows' owners",
     "hsp_embedding_grads": "embedding gradients summed across HSP groups",
     "dense_grads": "dense gradients summed over replicas (DDP, the trainer's all-reduce)",
@@ -277,6 +302,30 @@ def label_meaning(name: str) -> tuple[str | None, str | None] | None:
         if pattern.search(name):
             return stage, purpose
     return None
+
+
+# The ATen ops of nn.Embedding / nn.EmbeddingBag: a hand-written job's lookups. Not labels: a
+# framework's own stage label around one (a trainer pooling received rows in its dense
+# forward) says better what it is for.
+_LOOKUP_OP = re.compile(r"^aten::(_?embedding_bag|embedding|_embedding_bag_forward_only)$")
+
+
+@cache
+def is_lookup_op(name: str) -> bool:
+    """A host op that looks embedding rows up (and pools them) in the forward pass."""
+    return bool(_LOOKUP_OP.match(name))
+
+
+# Device kernels that look rows up (and pool them): PyTorch's EmbeddingBag kernels, FBGEMM's
+# table-batched forward. Backward kernels carry "backward"/"accGrad" and are not lookups.
+_LOOKUP_KERNEL = re.compile(r"embedding_?bag|split_embedding\w*forward", re.IGNORECASE)
+_BACKWARD_KERNEL = re.compile(r"backward|accgrad|grad_", re.IGNORECASE)
+
+
+@cache
+def is_lookup_kernel(name: str) -> bool:
+    """A device kernel that reads (and pools) embedding rows in the forward pass."""
+    return bool(_LOOKUP_KERNEL.search(name)) and not _BACKWARD_KERNEL.search(name)
 
 
 # Names that say which framework wrote the job (docs/analysis.md, "Frameworks").

@@ -1,10 +1,10 @@
 """The measured step a prediction starts from: per rank, the compute of each stage, the bytes
-and transfer of each collective, the per-op floor, and the unprofiled step time.
+and transfer of each collective, and the unprofiled step time.
 
-Read from the analysis (any input `recprof analyze` reads), plus two things only the run holds:
-the trainer's config, when the job is the built-in trainer (its knobs and its keys), and the
-traces' compute ops per stage (how much of the dense compute is fixed cost per pass, which
-micro-batching repeats).
+Read from the analysis (any input `recprof analyze` reads), plus what only the run holds: the
+trainer's config, when the job is the built-in trainer (its knobs and its keys), and each
+rank's capture metadata (recprof/analysis/run.py: its cores, its CPU). What the job's device
+charges for work the capture did not run is device.py's.
 """
 
 from __future__ import annotations
@@ -14,20 +14,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from recprof.analysis.model import JobAnalysis, RankAnalysis
+from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis, SharedDevice
+from recprof.analysis.run import Run, run_of_context
 from recprof.capture.rank_meta import usable_cores
 from recprof.errors import RecprofError
+from recprof.trace.devices import facts
 from recprof.trace.vocabulary import PURPOSE_STAGE
-from recprof.whatif.costs import LinkFit, fit_links, transfer_us
+from recprof.whatif.costs import LinkFit, Span, fit_links, fit_spans, transfer_us
 
-#: The stages micro-batching runs once per micro-batch (decode, dense forward and backward,
-#: gradient encode): each repeats its fixed per-op cost N times.
-MICRO_BATCH_STAGES = ("embedding_a2a", "dense_forward", "dense_backward", "embedding_grad_a2a")
-#: The quantile of those stages' op durations taken as the per-op fixed cost (dispatch,
-#: allocation): the shortest ops of a pass are almost nothing but that cost.
-OP_FLOOR_QUANTILE = 0.1
+#: A rank that waits on its DataLoader for more than this share of its step runs at the
+#: loader's pace (the H100's MPS capture: rank 1 waited 19.4 ms of a 70.6 ms step, rank 0
+#: 0.6 ms; qcomms=bf16, predicted 18% faster from the transfers alone, measured no faster).
+LOADER_BOUND_SHARE = 0.05
 
 
 @dataclass
@@ -43,9 +41,6 @@ class RankBaseline:
     kind_by_purpose: dict[str, str] = field(default_factory=dict)  # the collective it uses
     transfer_by_purpose: dict[str, float] = field(default_factory=dict)  # per step, less waits
     exposed_by_purpose: dict[str, float] = field(default_factory=dict)  # per step, not hidden
-    #: compute ops per step in each of MICRO_BATCH_STAGES (None: the traces are not at hand)
-    ops_per_step: dict[str, float] | None = None
-    op_floor_us: float | None = None  # their 10th-percentile duration: the fixed cost per op
 
 
 @dataclass
@@ -53,26 +48,92 @@ class Baseline:
     job: JobAnalysis
     ranks: dict[int, RankBaseline]
     links: dict[str, LinkFit]
+    #: Lines per kind and span of hosts, where the collectives crossed several (costs.py).
+    spans: dict[tuple[str, Span], LinkFit]
     measured_step_us: float  # the recorded (profiled) step, from the traces
     unprofiled_step_us: float | None  # from the step logs; None when the run has none
     config: object | None  # the built-in trainer's TrainConfig, when this job is one
     config_note: str = ""
+    #: The capture folders the job came from (each rank's metadata), None for bare traces.
+    capture: Run | None = None
 
     @property
     def world(self) -> int:
         return len(self.ranks)
 
-    def host_cores(self) -> int:
-        """Cores of the job's hosts: as capture recorded them in the run folder, else this
-        machine's (traces from elsewhere: the replay then assumes the job ran on one like it)."""
+    def host_cores(self, host: str | None) -> int:
+        """Cores the ranks on `host` may run on: the most any of them recorded (each rank's
+        `meta/rank<R>.json`: its affinity mask; nodes of a run may differ), else the run
+        context's (an analysis document), else this machine's (traces from elsewhere: the
+        replay then assumes the job ran on one like it)."""
+        capture = self.capture
+        recorded = [cores for r, rb in self.ranks.items() if rb.host == host and capture
+                    and isinstance(cores := (capture.meta(r) or {}).get("cores"), int)
+                    and cores > 0]
+        if recorded:
+            return max(recorded)
         run = self.job.run
         return run.host_cores if run is not None and run.host_cores else usable_cores()
+
+    def sharing(self) -> str | None:
+        """Which ranks ran on one device (of a kind that queues work), or None: each had its
+        own (or nothing says otherwise)."""
+        shared = shared_devices(self.job)
+        if not facts(self.job.device_kind).queues_work or not shared:
+            return None
+        device = facts(self.job.device_kind).device
+        return "; ".join(f"ranks {', '.join(map(str, g.ranks))} share one {device} ({g.device}, "
+                         f"from the {g.source})" for g in shared)
+
+    def overlap_blocked(self) -> str | None:
+        """Why a rank cannot overlap its collectives' transfers and DBP's prefetch thread with
+        its compute, or None when each has room to: a device that queues work runs them on
+        the device beside the host, and a CPU rank needs a spare core (at least twice as many
+        cores as ranks on its host)."""
+        if facts(self.job.device_kind).queues_work:
+            sharing = self.sharing()
+            return None if sharing is None else (
+                f"{sharing}: a collective needs the device its peers' work holds, so transfers "
+                "and the prefetch thread wait for the compute and nothing overlaps")
+        hosts: dict[str | None, int] = defaultdict(int)
+        for rb in self.ranks.values():
+            hosts[rb.host] += 1
+        for host, count in sorted(hosts.items(), key=lambda item: str(item[0])):
+            cores = self.host_cores(host)
+            if cores < 2 * count:
+                return (f"each rank has no spare core ({count} CPU ranks on {cores} cores of "
+                        f"host {host}): collective transfers and the prefetch thread take the "
+                        "core the compute needs, so nothing overlaps")
+        return None
+
+    def loader_bound(self) -> dict[int, float]:
+        """Ranks whose step waited on their DataLoader (more than `LOADER_BOUND_SHARE` of it):
+        rank -> the wait per step (us). Its workers are other processes, outside the trace;
+        a rank that waits on them runs at their pace, not its own. Only on a device that
+        queues work: a CPU job's loader workers share the cores its ranks compute on, so their
+        wait is contention that calibration folds in, not a pace of their own."""
+        if not facts(self.job.device_kind).queues_work:
+            return {}
+        return {r: wait for r, rb in self.ranks.items()
+                if (wait := rb.compute_us.get("data_loading", 0.0))
+                > LOADER_BOUND_SHARE * rb.step_us}
+
+    def ready_batch_us(self) -> float:
+        """The host's time to take a batch its loader already made: the least any rank spent
+        in data loading per step."""
+        return min(rb.compute_us.get("data_loading", 0.0) for rb in self.ranks.values())
 
     def ranks_per_host(self) -> int:
         hosts: dict[str | None, int] = defaultdict(int)
         for r in self.ranks.values():
             hosts[r.host] += 1
         return max(hosts.values())
+
+
+def shared_devices(job: JobAnalysis) -> list[SharedDevice]:
+    """The groups of 2+ ranks that ran on one physical device (`JobAnalysis.shared_devices`;
+    an analysis document made before devices were compared loads with none)."""
+    return list(job.shared_devices)
 
 
 def measure(job: JobAnalysis) -> Baseline:
@@ -102,18 +163,25 @@ def measure(job: JobAnalysis) -> Baseline:
             transfer_by_purpose=dict(transfer[r.rank]),
             exposed_by_purpose=_exposed_by_purpose(r, steps),
         )
-        if Path(r.file).is_file():
-            ranks[r.rank].ops_per_step, ranks[r.rank].op_floor_us = _op_counts(Path(r.file))
     config, note = trainer_config(job)
     run = job.run
     world = len(ranks)
     members = (None if config is None
                else lambda s: config.group_size(s.purpose, world))  # type: ignore[attr-defined]
+
+    def group(s: CollectiveSample) -> tuple[int, ...]:
+        """The instance's members: its trainer group, else every rank of the job."""
+        if config is None:
+            return tuple(sorted(ranks))
+        return config.group_members(s.purpose, s.rank, world)  # type: ignore[attr-defined]
+
+    spans = fit_spans(job.collective_samples, world, group, {r: rb.host for r, rb in ranks.items()})
     return Baseline(
         job=job, ranks=ranks, links=fit_links(job.collective_samples, world, members),
+        spans=spans,
         measured_step_us=job.per_step.step,
         unprofiled_step_us=run.unprofiled_step_us if run else None,
-        config=config, config_note=note,
+        config=config, config_note=note, capture=run_of_context(run),
     )
 
 
@@ -123,35 +191,6 @@ def _exposed_by_purpose(rank: RankAnalysis, steps: int) -> dict[str, float]:
     for c in rank.collectives:
         out[c.purpose] += c.exposed_us / steps
     return dict(out)
-
-
-def _op_counts(path: Path) -> tuple[dict[str, float] | None, float | None]:
-    """Compute ops per step in each micro-batch stage of one rank's trace, and their floor."""
-    from recprof.analysis.stages import attribute
-    from recprof.analysis.windows import step_windows
-    from recprof.trace import build_rank_trace, read_trace
-    from recprof.trace.model import ActivityClass
-    from recprof.trace.reader import TraceFileError
-    from recprof.trace.vocabulary import STAGES
-
-    try:
-        trace = build_rank_trace(read_trace(path))
-    except TraceFileError:
-        return None, None
-    windows, _ = step_windows(trace)
-    acts = trace.activities
-    stage = attribute(trace).stage
-    inside = np.zeros(len(acts), dtype=bool)
-    for w in windows:
-        inside |= (acts.start >= w.start) & (acts.end <= w.end)
-    ops = inside & (acts.klass == ActivityClass.COMPUTE)
-    counts = {s: float((ops & (stage == STAGES.index(s))).sum()) / max(len(windows), 1)
-              for s in MICRO_BATCH_STAGES}
-    repeated = ops & np.isin(stage, [STAGES.index(s) for s in MICRO_BATCH_STAGES])
-    if not repeated.any():
-        return None, None
-    durations = acts.end[repeated] - acts.start[repeated]
-    return counts, float(np.quantile(durations, OP_FLOOR_QUANTILE))
 
 
 def trainer_config(job: JobAnalysis) -> tuple[object | None, str]:

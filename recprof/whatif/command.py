@@ -36,7 +36,8 @@ def parse_try(text: str) -> dict[str, Any]:
 
 def whatif(
     run: Annotated[list[Path], typer.Argument(
-        help="A capture run folder, trace files or an analysis JSON of one job.",
+        help="A capture run folder (or each node's, or the folder holding them), trace files "
+             "or an analysis JSON of one job.",
         show_default=False)],
     tries: Annotated[list[str] | None, typer.Option(
         "--try", help="A knob setting to predict, KEY=VALUE[,KEY=VALUE...] (repeatable). "
@@ -94,6 +95,7 @@ def print_whatif(result: WhatIf, console: Console) -> None:
                           highlight=False, soft_wrap=True)
     console.print("[bold]links:[/] " + escape("; ".join(result.fits)), highlight=False)
     console.print("[bold]calibration:[/] " + escape(result.calibration), highlight=False)
+    console.print("[bold]device:[/] " + escape(result.device), highlight=False)
     shared = {a for s in ranked for a in s.assumptions} - {result.calibration}
     for note in sorted(shared):
         console.print(f"[dim]assumes[/] {escape(note)}", highlight=False)

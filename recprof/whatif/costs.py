@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import nnls
@@ -100,6 +100,38 @@ def fit_links(samples: list[CollectiveSample], group_size: int,
     return fits
 
 
+#: The hosts a collective's members ran on, sorted: one host is a link inside a node, two a
+#: host pair's link, more the links between all of them.
+Span = tuple[str, ...]
+
+
+def fit_spans(samples: list[CollectiveSample], group_size: int,
+              members: Callable[[CollectiveSample], tuple[int, ...]],
+              host_of: dict[int, str | None]) -> dict[tuple[str, Span], LinkFit]:
+    """One line per collective kind and span of hosts, where the run's instances cross more
+    than one span (inside a node and between nodes, or between different host pairs): a
+    collective is priced on the link its members' hosts use. {} when every instance has the
+    same span: the kinds' lines (`fit_links`) are the links then."""
+    def span(s: CollectiveSample) -> Span:
+        return tuple(sorted({str(host_of.get(m)) for m in members(s)}))
+
+    by_span: dict[Span, list[CollectiveSample]] = {}
+    for s in samples:
+        by_span.setdefault(span(s), []).append(s)
+    if len(by_span) < 2:
+        return {}
+    fits: dict[tuple[str, Span], LinkFit] = {}
+    for key, group in by_span.items():
+        for kind, fit in fit_links(group, group_size, lambda s: len(members(s))).items():
+            fits[(kind, key)] = fit
+    return fits
+
+
+def describe_span(kind: str, span: Span) -> str:
+    """How a line of `fit_spans` reads: `all_to_all inside a` / `all_to_all across a, b`."""
+    return f"{kind} {'inside' if len(span) == 1 else 'across'} {', '.join(span)}"
+
+
 def _borrowed_rate(donor: LinkFit, kind: str, group_size: int) -> float:
     """The bytes per us of `kind` on the link `donor` measured: the same bytes per rank on the
     wire (nccl-tests' bus factors)."""
@@ -122,6 +154,19 @@ class Network:
     #: out): what the recorded step shows collectives cost beyond their fitted lines
     #: (contention for cores and links while they run), from calibration.
     contention: float = 1.0
+    #: Lines per kind and span of hosts where the run's collectives crossed several
+    #: (`fit_spans`), and the host of each captured rank (by rank) to find a collective's.
+    spans: dict[tuple[str, Span], LinkFit] = field(default_factory=dict)
+    hosts: dict[int, str | None] = field(default_factory=dict)
+
+    def line(self, kind: str, members: tuple[int, ...]) -> LinkFit:
+        """The line a collective of `kind` over `members` is priced on: its span of hosts' own
+        where the run fitted one, else its kind's (`link`)."""
+        if self.spans and all(m in self.hosts for m in members):
+            key = (kind, tuple(sorted({str(self.hosts[m]) for m in members})))
+            if key in self.spans:
+                return self.spans[key]
+        return self.link(kind)
 
     def link(self, kind: str) -> LinkFit:
         """The fitted line of `kind`, or one at the bandwidth of the nearest kind the run has
@@ -143,7 +188,7 @@ class Network:
     def transfer_us(self, kind: str, members: tuple[int, ...], nbytes: float) -> float:
         if len(members) == 1:
             return 0.0  # a group of one exchanges with itself: a local copy, no wire
-        fit = self.link(kind)
+        fit = self.line(kind, members)
         nbytes *= bus_factor(kind, len(members)) / bus_factor(kind, self.fitted_group)
         nodes = {m // self.ranks_per_node for m in members}
         if self.inter_bytes_per_us is None or len(nodes) == 1:

@@ -64,9 +64,10 @@ def quote_predictions(job: JobAnalysis) -> None:
 def _precision_findings(job: JobAnalysis) -> list[Finding]:
     """The findings naming this framework's wire-precision knobs (its SHRINK remedy); none
     where some all-to-all's purpose is unknown. The replay scales only the exchanges it
-    recognises, and a hand-written job's forward rows are often among the unknown (the DDP
-    example: 3.6 of its 5.9 ms exposed, so its fp8 quote of -1% sat under a bound of 2.4 ms
-    for 16 bits); the bound stays alone there, and `recprof whatif` says what it leaves out."""
+    recognises; an all-to-all neither labelled nor inferred from the trace (analysis/stages.py)
+    would be left at its size (the DDP example's forward rows were, before they were inferred:
+    3.6 of its 5.9 ms exposed, so its fp8 quote of -1% sat under a bound of 2.4 ms for 16
+    bits); the bound stays alone there, and `recprof whatif` says what it leaves out."""
     remedy = REMEDIES.get(job.framework, {}).get(SHRINK)
     if remedy is None or not remedy.knobs or any(
             c.kind == "all_to_all" and c.purpose == UNKNOWN_PURPOSE for c in job.collectives):

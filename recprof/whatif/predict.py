@@ -10,7 +10,6 @@ is refused with the reason.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +18,12 @@ from recprof.analysis.frameworks import WIRE_PRECISIONS
 from recprof.capture.layout import STEADY_PROFILED_STEPS
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
-from recprof.whatif.baseline import Baseline
-from recprof.whatif.costs import Network
+from recprof.whatif.baseline import LOADER_BOUND_SHARE, Baseline
+from recprof.whatif.costs import Network, describe_span
+from recprof.whatif.device import CodecCost, describe, device_costs
 from recprof.whatif.replay import Replay, replay
 from recprof.whatif.scenarios import (
     EMBEDDING_EXCHANGE,
-    CodecCost,
     job_replay,
     trainer_plan,
     with_knobs,
@@ -89,6 +88,7 @@ class WhatIf:
     fits: list[str]
     scenarios: list[Scenario]
     samples_per_step: int | None = None
+    device: str = ""  # what the device's prices rest on (device.py)
 
     def to_document(self) -> dict[str, Any]:
         return {
@@ -98,7 +98,7 @@ class WhatIf:
                          "critical_rank": self.baseline_critical_rank,
                          "calibrated": self.calibrated,
                          "calibration": self.calibration, "compute_scale": self.compute_scale,
-                         "links": self.fits},
+                         "links": self.fits, "device": self.device},
             "scenarios": [
                 {"knobs": s.knobs, "step_us": s.step_us, "stages": s.stages,
                  "critical_rank": s.critical_rank, "stages_before": s.stages_before,
@@ -126,14 +126,19 @@ class Predictor:
         else:
             self.knobs = {"qcomms": "fp32"}
             self.shape = JobShape(base.world)
-        # A CPU rank with no spare core runs its prefetch thread and its collectives' transfers
-        # on the core its compute needs; a GPU rank's collectives run on the device and its
-        # host has cores to spare.
-        self.spare_core = (base.job.device_kind != "cpu"
-                           or base.host_cores() >= 2 * base.ranks_per_host())
-        self.network = Network(base.links, base.ranks_per_host(), base.world)
+        # Whether each rank can overlap its transfers and prefetch thread with its compute (a
+        # CPU rank without a spare core cannot), and if not why.
+        self.blocked = base.overlap_blocked()
+        self.spare_core = self.blocked is None
+        self.network = Network(base.links, base.ranks_per_host(), base.world, spans=base.spans,
+                               hosts={r: rb.host for r, rb in base.ranks.items()})
+        # What work the capture did not run costs on the job's own device (device.py).
+        first = base.capture.meta(min(base.ranks)) if base.capture else None
+        cpu = first.get("cpu") if first else None
+        self.costs = device_costs(base.job.device_kind,
+                                  {r.rank: r.file for r in base.job.ranks},
+                                  cpu_model=cpu if isinstance(cpu, str) else None)
         self._traffic: dict[str, Traffic] = {}
-        self._codec: dict[str, tuple[float, float]] = {}
         if self.cfg is not None:
             self.reference = self._traffic_of(self.knobs, base.world)
         target = base.unprofiled_step_us
@@ -146,12 +151,12 @@ class Predictor:
         # contend with them (a factor on every transfer). Then compute is scaled to the
         # unprofiled step the step logs measured: the profiler slows ops, not the wire.
         # (A job that is not the trainer starts from its measured exposure: nothing to fit.)
-        uncalibrated = self._replay(self.knobs, 1.0).step_us
+        uncalibrated = self._replay(self.knobs, 1.0)[0].step_us
         contention, fitted = 1.0, False
 
         def step_at_contention(c: float) -> float:
             network = dataclasses.replace(self.network, contention=c)
-            return self._replay(self.knobs, 1.0, network=network).step_us
+            return self._replay(self.knobs, 1.0, network=network)[0].step_us
 
         # Only a step that moves with the transfers can fit a factor to them: one whose
         # transfers are off its critical path (a single rank; every exchange hidden) keeps 1,
@@ -161,7 +166,8 @@ class Predictor:
             contention = _solve(step_at_contention, base.measured_step_us, *CONTENTION_RANGE)
             fitted = True
         self.network = dataclasses.replace(self.network, contention=contention)
-        self.scale = _solve(lambda k: self._replay(self.knobs, k).step_us, target, *SCALE_RANGE)
+        self.scale = _solve(lambda k: self._replay(self.knobs, k)[0].step_us, target,
+                            *SCALE_RANGE)
         # A CPU rank with no spare core moves its collectives' bytes on the core the profiler
         # slows too: when compute alone cannot shrink to the unprofiled step (the profiled
         # transfers already exceed it), the transfers are scaled with the compute.
@@ -170,7 +176,7 @@ class Predictor:
         if transfers_scaled:
             def joint(k: float) -> float:
                 network = dataclasses.replace(self.network, contention=contention * k)
-                return self._replay(self.knobs, k, network=network).step_us
+                return self._replay(self.knobs, k, network=network)[0].step_us
 
             self.scale = _solve(joint, target, *SCALE_RANGE)
             self.network = dataclasses.replace(self.network, contention=contention * self.scale)
@@ -198,7 +204,7 @@ class Predictor:
                f"record at least {STEADY_PROFILED_STEPS} (recprof capture --active "
                f"{STEADY_PROFILED_STEPS})" if profiled < STEADY_PROFILED_STEPS else "")
         )
-        self.baseline_replay = self._replay(self.knobs, self.scale)
+        self.baseline_replay = self._replay(self.knobs, self.scale)[0]
         self.target = target
 
     def _traffic_of(self, knobs: dict[str, Any], world: int) -> Traffic:
@@ -212,34 +218,37 @@ class Predictor:
             self._traffic[key] = traffic(cfg, world)
         return self._traffic[key]
 
-    def _codec_cost(self, qcomms: str) -> CodecCost:
-        """The wire format's encode/decode cost per row beyond the baseline's."""
-        own = self._codec_per_row(self.knobs["qcomms"])
-        new = self._codec_per_row(qcomms)
-        return CodecCost(fwd=new[0] - own[0], bwd=new[1] - own[1])
-
-    def _codec_per_row(self, qcomms: str) -> tuple[float, float]:
-        if qcomms not in self._codec:
-            rows = max(round(r.rows_requested) for r in self.reference.ranks.values())
-            self._codec[qcomms] = measure_codec(self.cfg, qcomms, rows)
-        return self._codec[qcomms]
+    def _codec_cost(self, qcomms: str) -> CodecCost | str:
+        """The wire format's encode/decode cost beyond the baseline's on the job's device, or
+        why it cannot be known there."""
+        own = self.knobs["qcomms"]
+        if qcomms == own:
+            return CodecCost()
+        rows = max(round(r.rows_requested) for r in self.reference.ranks.values())
+        new, old = self.costs.codec(self.cfg, qcomms, rows), self.costs.codec(self.cfg, own, rows)
+        if isinstance(new, str) or isinstance(old, str):
+            return new if isinstance(new, str) else str(old)
+        return new.minus(old)
 
     def _replay(self, knobs: dict[str, Any], scale: float, world: int | None = None,
-                network: Network | None = None) -> Replay:
+                network: Network | None = None, loader_paced: bool = False
+                ) -> tuple[Replay, list[str]]:
+        """The replayed step under `knobs` and what it assumed. `loader_paced`: ranks that
+        waited on their DataLoader take a ready batch (the caller holds the step to the
+        loader's pace); calibration replays the recorded waits."""
         world = world or self.base.world
         if self.cfg is None:
-            result, self._assumptions = job_replay(
-                self.base, WIRE_BYTES[knobs["qcomms"]] / WIRE_BYTES["fp32"], scale,
-                network or self.network, world)
-            return result
+            return job_replay(self.base, WIRE_BYTES[knobs["qcomms"]] / WIRE_BYTES["fp32"],
+                              scale, network or self.network, world)
+        codec = self._codec_cost(knobs["qcomms"])
+        assert not isinstance(codec, str), codec  # `refusal` turned such a change away
         plan = trainer_plan(self.base, knobs, self._traffic_of(knobs, world),
-                            self.reference, self._codec_cost(knobs["qcomms"]), scale,
-                            self.spare_core, network or self.network, world)
-        self._assumptions = plan.assumptions
+                            self.reference, codec, self.costs, scale,
+                            self.blocked, network or self.network, world, loader_paced)
         if not self.spare_core:
             main = {r: plan.prefetch.get(r, []) + p for r, p in plan.main.items()}
-            return replay(main, plan.collectives, blocking_posts=True)
-        return replay(plan.main, plan.collectives, plan.prefetch)
+            return replay(main, plan.collectives, blocking_posts=True), plan.assumptions
+        return replay(plan.main, plan.collectives, plan.prefetch), plan.assumptions
 
     def _scaling(self, change: dict[str, Any]) -> tuple[int, Network, list[str]] | str:
         """The world and network of a `world_size` / `inter_node_gbit` change, the assumptions
@@ -286,10 +295,18 @@ class Predictor:
             if name in _NOT_MODELLED:
                 return f"{name}: the model cannot predict it ({_NOT_MODELLED[name]})"
             if name == "micro_batches" and value != self.knobs[name] and any(
-                    rb.ops_per_step is None for rb in self.base.ranks.values()):
+                    r not in self.costs.ranks for r in self.base.ranks):
                 return ("micro_batches: needs the traces' ops to know the fixed cost each "
                         "micro-batch repeats (give the capture folder or traces, not only an "
                         "analysis JSON)")
+            if name == "dbp" and value != self.knobs[name] and (
+                    sharing := self.base.sharing()) is not None:
+                return (f"dbp: {sharing}; DBP's prefetch thread interleaves the processes' "
+                        "work on it, at a cost a capture of a step "
+                        f"{'with' if self.knobs['dbp'] else 'without'} DBP does not show")
+            if name == "qcomms" and value in WIRE_BYTES and isinstance(
+                    why := self._codec_cost(value), str):
+                return f"qcomms={value}: cannot price {why}"
         scaling = self._scaling(change)
         if isinstance(scaling, str):
             return scaling
@@ -331,8 +348,9 @@ class Predictor:
             return Scenario(change, refused=why)
         world, network, notes = self._scaling(change)  # type: ignore[misc]
         knobs = {**self.knobs, **{k: v for k, v in change.items() if k in KNOBS}}
-        result = self._replay(knobs, self.scale, world, network)
-        assumptions = [*self._assumptions, *notes, *self._host_notes(), self.calibration]
+        result, planned = self._replay(knobs, self.scale, world, network, loader_paced=True)
+        notes += self._loader_pace(result)
+        assumptions = [*planned, *notes, *self._host_notes(), self.calibration]
         if self.cfg is None and "qcomms" in change:
             assumptions.append("the capture's embedding exchange is fp32; the quantise and "
                                "dequantise kernels' own cost is not included")
@@ -344,6 +362,32 @@ class Predictor:
                         assumptions=assumptions, samples_per_step=samples,
                         critical_rank=result.critical_rank,
                         stages_before=dict(before.ranks[same].stage_us))
+
+    def _loader_pace(self, result: Replay) -> list[str]:
+        """Hold `result` to the DataLoader's pace where the capture shows it set the step, in
+        place (the wait it adds counts under data_loading), and say what the prediction
+        assumes about the loader."""
+        bound = self.base.loader_bound()
+        if self.cfg is None:
+            return []
+        if not bound:
+            if result.step_us >= self.target:
+                return []
+            return [f"no rank waited on its DataLoader for more than "
+                    f"{LOADER_BOUND_SHARE:.0%} of the step: it kept pace with the baseline's "
+                    f"{self.target / 1e3:.2f} ms, and keeps pace with this one (its workers "
+                    "are other processes, whose own rate the trace does not show)"]
+        rank, wait = max(bound.items(), key=lambda item: item[1])
+        if result.step_us < self.target:
+            stages = result.ranks[result.critical_rank].stage_us
+            stages["data_loading"] = (stages.get("data_loading", 0.0)
+                                      + self.target - result.step_us)
+            result.ranks[result.critical_rank].end_us = self.target
+            result.step_us = self.target
+        return [f"rank {rank} waited {wait / 1e3:.1f} ms a step on its DataLoader in the "
+                f"capture: the loader sets the pace, so the step does not fall below the "
+                f"baseline's {self.target / 1e3:.2f} ms; what the other stages save, that rank "
+                "waits for data instead (num_workers is the knob)"]
 
     def single_knob_changes(self) -> list[dict[str, Any]]:
         """Every single-knob change of the tuner's default space on this job (for a job that
@@ -368,6 +412,7 @@ class Predictor:
             calibrated=self.calibrated, calibration=self.calibration, compute_scale=self.scale,
             fits=self._link_notes(), scenarios=scenarios,
             samples_per_step=self.cfg.batch_size if self.cfg else None,
+            device=describe(self.costs),
         )
 
     def _host_notes(self) -> list[str]:
@@ -376,8 +421,9 @@ class Predictor:
         hosts = len({r.host for r in self.base.ranks.values()})
         if run is None or run.machines is None or run.machines >= hosts or not self.spare_core:
             return []
+        cores = max(self.base.host_cores(r.host) for r in self.base.ranks.values())
         return [f"the ranks' {hosts} hosts are {run.machines} machine(s) (one kernel boot id: "
-                f"containers or network namespaces), whose {self.base.host_cores()} cores they "
+                f"containers or network namespaces), whose {cores} cores they "
                 "share; the replay counts that many per host, so transfers and DBP's prefetch "
                 "thread overlap compute there that in fact competes with them for the cores "
                 "(steps of knobs that overlap more come out short)"]
@@ -387,6 +433,8 @@ class Predictor:
         instance over a group of one rank) with the line it is priced on instead."""
         links = self.base.links
         notes = [f.describe() for f in links.values()]
+        notes += [f"{describe_span(kind, span)}: {fit.describe().split(': ', 1)[1]}"
+                  for (kind, span), fit in sorted(self.base.spans.items())]
         local = sorted({s.kind for s in self.base.job.collective_samples if s.bytes} - set(links))
         for kind in local if links else ():
             donor = self.network.link(kind)
@@ -417,53 +465,3 @@ def _solve(step_at: Callable[[float], float], target: float, lo: float, hi: floa
         else:
             hi = mid
     return (lo * hi) ** 0.5
-
-
-#: Timings per codec measurement; the minimum is kept (other load only ever adds time).
-_CODEC_REPEATS = 30
-
-
-def measure_codec(cfg: Any, qcomms: str, rows: int) -> tuple[float, float]:
-    """(forward, backward) encode + decode time per row (us) of `qcomms`, timed here with the
-    trainer's own codecs on `rows` rows of the job's width, one thread (as each trainer rank
-    runs: torchrun sets OMP_NUM_THREADS=1), at the job's own row count: at a few thousand
-    rows much of it is per-op cost, so a rate taken at another size would not carry over.
-
-    The directions differ: fp8 sends e4m3 forward, whose conversion back to float32 took
-    1.6 ms for 10,000 rows of 64, and e5m2 backward, 0.3 ms (1.3-1.6 ms in some runs, after
-    the e4m3 one in the same process; cause not found). The time is this machine's,
-    unloaded. It used to be a multiple of a gather timed beside it, scaled by the capture's
-    lookup stage; but the lookup stage carries the trainer's per-op overhead (3-4x a bare
-    gather of its rows) and the gather, repeated on the same rows, ran from cache: fp8's
-    forward decode read as 46 gathers and fp8 was predicted slower than fp32, where it ran
-    fastest of the grid (docs/whatif.md, "Codec cost")."""
-    import torch
-
-    from recprof.nestpipe.qcomms import Codec
-
-    dtype = cfg.float_dtype()
-    dim = cfg.dim
-    count = max(rows, 1)
-    data = torch.rand(count, dim, dtype=dtype)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        fwd, bwd = (_round_trip_us(Codec(qcomms, d, dtype), data, dim) / count
-                    for d in ("fwd", "bwd"))
-    finally:
-        torch.set_num_threads(threads)
-    return fwd, bwd
-
-
-def _round_trip_us(codec: Any, rows: Any, dim: int) -> float:
-    """The best encode plus the best decode time of `rows` through `codec`, in us."""
-    def best(fn: Callable[[], object]) -> float:
-        times = []
-        for _ in range(_CODEC_REPEATS):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return min(times) * 1e6
-
-    wire = codec.encode(rows)
-    return best(lambda: codec.encode(rows)) + best(lambda: codec.decode(wire, dim))

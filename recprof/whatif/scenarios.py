@@ -20,8 +20,9 @@ from typing import Any
 
 from recprof import units
 from recprof.trace.vocabulary import PURPOSE_STAGE, UNKNOWN_PURPOSE
-from recprof.whatif.baseline import MICRO_BATCH_STAGES, Baseline, RankBaseline
+from recprof.whatif.baseline import Baseline, RankBaseline
 from recprof.whatif.costs import Network
+from recprof.whatif.device import MICRO_BATCH_STAGES, CodecCost, DeviceCosts
 from recprof.whatif.replay import (
     Collective,
     Compute,
@@ -44,21 +45,17 @@ class Plan:
     assumptions: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class CodecCost:
-    """Encode + decode time per row (us) of the wire format, per direction (fp8 uses another
-    format each way): the trainer's own codecs timed on this machine on rows of the job's
-    shape (predict.measure_codec)."""
-
-    fwd: float
-    bwd: float
-
-
 def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, reference: Traffic,
-                 codec: CodecCost, compute_scale: float, spare_core: bool,
-                 network: Network, world: int) -> Plan:
+                 codec: CodecCost, costs: DeviceCosts, compute_scale: float,
+                 blocked: str | None, network: Network, world: int,
+                 loader_paced: bool = False) -> Plan:
     """The built-in trainer's step under `knobs` (a full knob dict) on `world` ranks; ranks
-    beyond the captured ones run the compute of the captured rank they replicate."""
+    beyond the captured ones run the compute of the captured rank they replicate. `codec` is
+    the wire format's cost beyond the capture's and `costs` the device's prices for what the
+    knobs repeat (device.py). `blocked` says why a rank cannot overlap its transfers and
+    prefetch thread with its compute (None: it can). `loader_paced`: a rank that waited on
+    its DataLoader takes a ready batch instead (the caller holds the step to the loader's
+    pace)."""
     cfg = base.config
     assert cfg is not None
     n = int(knobs["micro_batches"])
@@ -101,13 +98,17 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         group = scenario_cfg.group_members("embedding_rows_fwd", r, world)
         replicas = scenario_cfg.group_members("hsp_embedding_grads", r, world)
         # The owners' gather scales with the rows they touch; the codec works on the rows
-        # each direction sends, at its measured time per row.
+        # each direction sends, at its price per row, and once per chunk at its price per call.
         fetched = _ratio(sum(tr.rows_fwd) + tr.refresh_rows, sum(ref.rows_fwd))
         lookup = c.get("embedding_lookup", 0.0) * fetched
-        codec_fwd = (sum(tr.rows_fwd) + tr.refresh_rows) * codec.fwd
-        codec_bwd = sum(tr.rows_bwd) * codec.bwd
+        codec_fwd = ((sum(tr.rows_fwd) + tr.refresh_rows) * codec.fwd
+                     + (n + (1 if dbp else 0)) * codec.fwd_call)
+        codec_bwd = sum(tr.rows_bwd) * codec.bwd + n * codec.bwd_call
+        data = c.get("data_loading", 0.0)
+        if loader_paced and rb.rank in base.loader_bound():
+            data = base.ready_batch_us() * compute_scale
         fetch: Program = [
-            Compute("data_loading", c.get("data_loading", 0.0)),
+            Compute("data_loading", data),
             Compute("input_dist", c.get("input_dist", 0.0)),
             Post(coll(f"key0@{group}", "all_to_all", group, tr.key_routing[0]), "input_dist"),
             Wait(f"key0@{group}", "input_dist"),
@@ -123,7 +124,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
             prefetch[r] = fetch
         else:
             program += fetch
-        fixed = _fixed_per_pass(rb, c)
+        fixed = _fixed_per_pass(rb, c, costs)
         per_pass = {stage: fixed[stage] + (c.get(stage, 0.0) - fixed[stage]) / n
                     for stage in MICRO_BATCH_STAGES}
         for m in range(n):
@@ -164,10 +165,11 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         main[r] = program
     notes.append("the embedding optimizer half of `optimizer` (scaling with the rows it "
                  "updates) runs before the dense all-reduce wait, the dense half after it")
-    if codec.fwd or codec.bwd:
-        notes.append(f"the wire format's encode and decode, timed here unloaded, change by "
-                     f"{codec.fwd:+.3f} us per row sent forward and {codec.bwd:+.3f} backward "
-                     "from the capture's format's; under the run's load they may take longer")
+    if codec != CodecCost():
+        notes.append(f"the wire format's encode and decode change by {codec.fwd:+.4f} us per "
+                     f"row sent forward and {codec.bwd:+.4f} backward, {codec.fwd_call:+.0f} "
+                     f"and {codec.bwd_call:+.0f} us per chunk, from the capture's format's: "
+                     + costs.codec_note(str(knobs["qcomms"])))
     if groups > 1 and not hsp_contended:
         beside = ("; the prefetch thread's exchanges are local copies (sharding groups of one "
                   "rank)" if dbp else "")
@@ -175,16 +177,17 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                      f"them on the wire{beside}, move at the fitted lines without the "
                      "calibrated contention")
     if n > 1:
+        floor = ("the host's issue cost per op (its median gap between launches, as "
+                 "recorded, scaled like the compute)" if costs.queues_work else
+                 "the ops' 10th-percentile duration")
         notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
-                     "fixed per-op cost (ops per step x the ops' 10th-percentile duration) and "
-                     "split the rest evenly")
-    if spare_core:
+                     f"fixed per-op cost (ops per step x {floor}) and split the rest evenly")
+    if blocked is None:
         if dbp:
-            notes.append("the prefetch thread overlaps the main thread (a spare core per rank)")
+            notes.append("the prefetch thread overlaps the main thread (room to overlap on "
+                         "each rank)")
     else:
-        notes.append("each rank has no spare core (CPU ranks sharing this machine's cores): "
-                     "collective transfers and the prefetch thread take the core the compute "
-                     "needs, so nothing overlaps")
+        notes.append(blocked)
     return Plan(main, prefetch, colls, notes)
 
 
@@ -246,14 +249,24 @@ def unknown_exchange_note(rb: RankBaseline, steps: int) -> list[str]:
             "trace does not name) keep their size"]
 
 
-def _fixed_per_pass(rb: RankBaseline, compute: dict[str, float]) -> dict[str, float]:
-    """Each micro-batch stage's fixed cost per pass (its ops x the per-op floor, at most the
-    stage's compute), scaled like the compute; 0 where the ops are not known."""
+def _fixed_per_pass(rb: RankBaseline, compute: dict[str, float], costs: DeviceCosts
+                    ) -> dict[str, float]:
+    """Each micro-batch stage's fixed cost per pass (its ops x the per-op fixed cost of the
+    device, device.py), scaled like the compute; 0 where the ops are not known. On a CPU it
+    is at most the stage's compute (its ops are the compute). On a device that queues work
+    the host issues each pass's ops whatever the batch, and a stage's recorded compute is the
+    device's share only (an H100's dense forward: 25 kernels in 0.65 ms, issued over 1.55 ms
+    of host time), so it is not capped."""
     scale = {s: compute.get(s, 0.0) / rb.compute_us[s] if rb.compute_us.get(s) else 1.0
              for s in MICRO_BATCH_STAGES}
-    ops, floor = rb.ops_per_step or {}, rb.op_floor_us or 0.0
-    return {s: min(ops.get(s, 0.0) * floor * scale[s], compute.get(s, 0.0))
-            for s in MICRO_BATCH_STAGES}
+    ops = costs.ranks.get(rb.rank)
+    if ops is None:
+        return dict.fromkeys(MICRO_BATCH_STAGES, 0.0)
+    fixed = {s: ops.ops_per_step.get(s, 0.0) * ops.op_floor_us * scale[s]
+             for s in MICRO_BATCH_STAGES}
+    if costs.queues_work:
+        return fixed
+    return {s: min(fixed[s], compute.get(s, 0.0)) for s in MICRO_BATCH_STAGES}
 
 
 def _ratio(a: float, b: float) -> float:

@@ -33,6 +33,7 @@ import orjson
 
 from recprof.analysis.breakdown import ClassUnions, step_metrics, sum_metrics
 from recprof.analysis.intervals import IntervalSet
+from recprof.analysis.pipeline import discover
 from recprof.analysis.windows import Window, step_windows
 from recprof.trace import ActivityClass, RankTrace, build_rank_trace, read_trace
 from recprof.trace.reader import TRACE_SUFFIXES, TraceFileError, read_bytes
@@ -181,6 +182,15 @@ def iter_cases(root: Path) -> Iterator[tuple[Case, list[RankInput]]]:
         else:
             for m in members:
                 yield Case(str(Path(m.path).relative_to(root)), {0: m.path}, m.hta_rounds), [m]
+
+
+def iter_run_cases(label: str, folders: list[Path]) -> tuple[Case, list[RankInput]]:
+    """One capture run as one HTA case: the trace files of all its folders (a run captured on
+    several nodes has one per node), each rank the rank its trace says."""
+    members = [load_rank_input(p) for p in discover(folders)]  # as `recprof analyze` finds them
+    files = {int(m.rank) if m.rank is not None else 0: m.path for m in members}
+    assert len(files) == len(members), f"{label}: ranks repeat"
+    return Case(label, files, any(m.hta_rounds for m in members)), members
 
 
 # --- HTA itself, in a child process ---------------------------------------------------------

@@ -1,5 +1,7 @@
 """recprof's per-rank comm/compute overlap and idle agree with HolisticTraceAnalysis (HTA)
-within 1 percentage point on every real GPU trace in ../shared/traces that HTA can analyse.
+within 1 percentage point on every real GPU trace in ../shared/traces that HTA can analyse, and
+on every rank of recprof's own H100 captures in ../shared/gpu (each run as one case: all its
+node folders).
 
 recprof and HTA do not define these numbers the same way (docs/hta-mapping.md), so the test
 does not compare recprof's native numbers with HTA's directly. It starts from recprof's own
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from gpu_sets import GPU_SETS
 from hta_reference import (
     HTA_DISTRIBUTION,
     HTA_VERSION,
@@ -35,6 +38,7 @@ from hta_reference import (
     encode_hta,
     hta_chain,
     iter_cases,
+    iter_run_cases,
     native_numbers,
 )
 
@@ -98,10 +102,14 @@ NS_TIMESTAMPS = (
     "tracelens/torch_compile_triton/trace.json.gz",
 )
 
+# recprof's own captures (../shared/gpu, SOURCES.md there): every one has ns timestamps.
+CAPTURED_RUNS = tuple(f"gpu/{name}" for name in GPU_SETS)
+
 CASE_PARAMS = [
     pytest.param(label, "default", id=f"{label}-default")
-    for label in MULTI_RANK_SETS + SINGLE_RANK_GPU
-] + [pytest.param(label, "ns-exact", id=f"{label}-ns-exact") for label in NS_TIMESTAMPS]
+    for label in MULTI_RANK_SETS + SINGLE_RANK_GPU + CAPTURED_RUNS
+] + [pytest.param(label, "ns-exact", id=f"{label}-ns-exact")
+     for label in NS_TIMESTAMPS + CAPTURED_RUNS]
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "hta_crosscheck.md"
 
@@ -127,32 +135,43 @@ def _require_hta() -> None:
                     f"from {HTA_VERSION}")
 
 
-def _fingerprint(root: Path) -> str:
+def _fingerprint(*roots: Path) -> str:
     """What HTA's results depend on: its release, pandas' (HTA fails on some traces under
-    pandas 3 only) and every trace file under `root`."""
+    pandas 3 only), the cases and every trace file under `roots`."""
     pandas = importlib.metadata.version("pandas")
-    digest = hashlib.sha256(f"{HTA_DISTRIBUTION} {HTA_VERSION} pandas {pandas}".encode())
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            stat = path.stat()
-            digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}".encode())
+    digest = hashlib.sha256(f"{HTA_DISTRIBUTION} {HTA_VERSION} pandas {pandas} "
+                            f"{CAPTURED_RUNS}".encode())
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                stat = path.stat()
+                digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
+def _all_cases(shared_traces: Path, shared_gpu: Path):  # type: ignore[no-untyped-def]
+    """Every case: the public traces folder by folder, then each captured run."""
+    yield from iter_cases(shared_traces)
+    for label in CAPTURED_RUNS:
+        name = label.removeprefix("gpu/")
+        yield iter_run_cases(label, [shared_gpu / name / folder for folder in GPU_SETS[name]])
+
+
 @pytest.fixture(scope="session")
-def crosscheck(shared_traces: Path, request: pytest.FixtureRequest) -> Crosscheck:
+def crosscheck(shared_traces: Path, shared_gpu: Path,
+               request: pytest.FixtureRequest) -> Crosscheck:
     _require_hta()
     cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     cache_key = "recprof/hta_crosscheck"
     cached = cache.get(cache_key, {}) if cache is not None else {}
-    fingerprint = _fingerprint(shared_traces)
+    fingerprint = _fingerprint(shared_traces, shared_gpu)
     runs: dict[str, HtaRun] = {}
     if cached.get("fingerprint") != fingerprint:
         runs = {"default": HtaRun(ns_rounding=True), "ns-exact": HtaRun(ns_rounding=False)}
     cases: list[Case] = []
     inputs: dict[str, RankInput] = {}
     try:
-        for case, members in iter_cases(shared_traces):
+        for case, members in _all_cases(shared_traces, shared_gpu):
             cases.append(case)
             inputs.update({m.path: m for m in members})
             if runs:
@@ -223,11 +242,12 @@ def _agrees(recprof: float, hta: float) -> bool:
 def test_cases_found_are_the_listed_ones(crosscheck: Crosscheck) -> None:
     """The parametrisation below is static; a trace added to or dropped from ../shared must
     show up here rather than silently go unchecked."""
-    assert sorted(crosscheck.cases) == sorted(MULTI_RANK_SETS + SINGLE_RANK_GPU)
+    assert sorted(crosscheck.cases) == sorted(MULTI_RANK_SETS + SINGLE_RANK_GPU + CAPTURED_RUNS)
     assert sorted(c.label for c in crosscheck.cases.values() if c.hta_rounds) == sorted(
-        NS_TIMESTAMPS)
-    for label in MULTI_RANK_SETS:
-        assert len(crosscheck.cases[label].files) > 1, label
+        NS_TIMESTAMPS + CAPTURED_RUNS)
+    for label in MULTI_RANK_SETS + CAPTURED_RUNS:
+        if label != "gpu/one_gpu":
+            assert len(crosscheck.cases[label].files) > 1, label
 
 
 @pytest.mark.parametrize("label,mode", CASE_PARAMS)

@@ -107,17 +107,23 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
     assert_tables_whole(proc.stderr, SUMMARY_COLUMNS)
 
     # What the analysis makes of a hand-written DDP loop: its framework, the stages its
-    # annotations name, and honest "unknown" for the forward all-to-alls no label explains.
+    # annotations name, and what no label says, inferred from the trace and marked so: the
+    # lookups (aten::embedding), the ids and counts sent before them (integers), the rows
+    # sent after them (floats), the gradients sent back in the backward pass.
     (job,) = load_analysis_json(out / "analysis.json").jobs
     assert job.framework == "ddp"
     for rank in job.ranks:
         for name in ("dense_forward", "dense_backward", "dense_allreduce", "optimizer",
-                     "embedding_grad_a2a"):
+                     "embedding_grad_a2a", "input_dist", "embedding_lookup", "embedding_a2a"):
             assert rank.stages[name].time_us_per_step > 0, (rank.rank, name)
-        assert "input_dist" not in rank.stages and "embedding_a2a" not in rank.stages
-    purposes = {(c.kind, c.purpose) for c in job.collectives}
-    assert purposes == {("all_reduce", "dense_grads"), ("all_to_all", "embedding_grads_bwd"),
-                        ("all_to_all", "unknown")}
+    purposes = {(c.kind, c.purpose): c for c in job.collectives}
+    assert set(purposes) == {("all_reduce", "dense_grads"),
+                             ("all_to_all", "embedding_grads_bwd"),
+                             ("all_to_all", "key_routing"), ("all_to_all", "embedding_rows_fwd")}
+    assert all(c.purpose_inferred for c in job.collectives)
+    steps = len(job.ranks[0].steps) * len(job.ranks)
+    assert purposes[("all_to_all", "key_routing")].count == 2 * steps  # counts, then ids
+    assert purposes[("all_to_all", "embedding_rows_fwd")].count == steps
     # Every all-to-all of the example blocks the main thread, two of them inside an op
     # (ExchangeRows' forward and its backward node): that wait is exposed, not compute.
     for c in job.collectives:
@@ -134,20 +140,19 @@ def test_example_gives_two_rank_traces_step_logs_manifest_and_report(tmp_path: P
 
 
 def test_work_on_helper_threads_is_recorded(tmp_path: Path) -> None:
-    """DBP routes and prefetches the next batch on a helper thread: its ops and collectives
-    must be in the trace, or its communication would be missing from the analysis."""
+    """A job that prepares its next batch on a helper thread (a prefetching input pipeline):
+    that thread's ops must be in the trace, or its work would be missing from the analysis."""
     out = tmp_path / "run"
-    job = [*TORCHRUN, "2", "-m", "recprof.nestpipe", "--config", str(TINY_CONFIG),
-           "--set", "dbp=true", "--set", "steps=8"]
-    proc = run_capture(out, (2, 1, 3), *job)
+    proc = run_capture(out, (2, 1, 3), *TORCHRUN, "2", str(TINY_JOB), "--steps", "8",
+                       "--prepare-thread")
     assert_finished(proc)
     for trace in sorted((out / "traces").glob("*.pt.trace.json")):
         _, events = trace_events(trace)
         main = {e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep")}
-        routing = {e["tid"] for e in events if e.get("name") == "nestpipe:key_routing"}
-        assert len(main) == 1 and routing and not routing & main
+        helper = {e["tid"] for e in events if e.get("name") == "tiny_job:prepare"}
+        assert len(main) == 1 and helper and not helper & main
         # the dedup itself, an ATen op that only the helper thread runs
-        assert any(e.get("name", "").startswith("aten::_unique") and e["tid"] in routing
+        assert any(e.get("name", "").startswith("aten::_unique") and e["tid"] in helper
                    for e in events)
 
 

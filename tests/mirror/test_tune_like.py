@@ -43,24 +43,28 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     finding = embedding_finding(job, monkeypatch)
     (printed,) = finding.commands
     assert printed.startswith(f"recprof tune --like {run} ")
-    # The finding names the job's wire precision ("embedding dtype on the wire"), but the
-    # example's counts, ids and forward rows are all-to-alls of unknown purpose, which a
-    # precision's replay leaves at their size: no quote (it would price the backward alone),
-    # no warning; the bound stays alone. `recprof whatif` says what it leaves out.
+    # The finding names the job's wire precision ("embedding dtype on the wire"). No label
+    # says what the example's all-to-alls carry, but the trace does (docs/analysis.md,
+    # Collective purposes): the counts and ids (integers, before the lookups) route keys, the
+    # rows (floats, after them) go forward, the gradients come back in backward. Every
+    # purpose known, the replay prices a precision on all of them: a quote beside the bound.
     from recprof.whatif.findings import quote_predictions
 
     assert "embedding dtype on the wire" in finding.knobs
+    assert {c.purpose for c in job.collectives if c.kind == "all_to_all"} == {
+        "key_routing", "embedding_rows_fwd", "embedding_grads_bwd"}
     warned = list(job.warnings)
     quoted = dataclasses.replace(job, findings=[dataclasses.replace(finding)],
                                  warnings=list(warned))
     quote_predictions(quoted)
     (estimate,) = [f.estimate for f in quoted.findings]
-    assert estimate == finding.estimate and quoted.warnings == warned, quoted.warnings
+    assert estimate.startswith(finding.estimate + ". Predicted by recprof whatif"), estimate
+    assert "(embedding dtype on the wire)" in estimate and quoted.warnings == warned
     whatif = subprocess.run([sys.executable, "-m", "recprof", "whatif", str(run), "--try",
                              "qcomms=fp16"], capture_output=True, text=True, timeout=300,
                             cwd=REPO, env={**ENV, "COLUMNS": "400"})
     assert whatif.returncode == 0, whatif.stderr
-    assert "the all-to-alls of unknown purpose (3 per step" in whatif.stdout, whatif.stdout
+    assert "unknown purpose" not in whatif.stdout, whatif.stdout
     for f in job.findings:  # whichever fired this time, as the capture wrote them
         if f.id == "exposed_embedding_comm":
             assert f.commands == [printed], f.commands

@@ -43,6 +43,8 @@ VARIANTS: dict[str, tuple[int, tuple[str, ...], str]] = {
     "fwp4_bugged": (2, ("micro_batches=4", F64), "last_micro_batch_only"),
     "dbp": (2, ("dbp=true", F64), ""),
     "dbp_fwp4_clustered": (2, ("dbp=true", "micro_batches=4", "clustering=true", F64), ""),
+    "dbp_table_unfused_fwp2": (2, ("dbp=true", "sharding=table", "fuse_tables=false",
+                                   "micro_batches=2", F64), ""),
     "dbp_bugged": (2, ("dbp=true", F64), "no_dbp_refresh"),
     "hsp1": (4, ("hsp_groups=1", F64), ""),
     "hsp2": (4, ("hsp_groups=2", F64), ""),

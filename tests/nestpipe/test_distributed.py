@@ -46,7 +46,7 @@ def test_frozen_window_equals_synchronous(runs: Runs, variant: str) -> None:
     assert_exact(runs.single(), runs[variant])
 
 
-@pytest.mark.parametrize("variant", ["dbp", "dbp_fwp4_clustered"])
+@pytest.mark.parametrize("variant", ["dbp", "dbp_fwp4_clustered", "dbp_table_unfused_fwp2"])
 def test_dual_buffer_pipelining_equals_synchronous(runs: Runs, variant: str) -> None:
     run = runs[variant]
     assert_exact(runs.single(), run)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -34,37 +35,90 @@ def test_rank_slices_tile_the_global_batch() -> None:
     assert torch.equal(whole.slice(0, 64).ids, whole.ids)
 
 
-def _one_feature_at_a_time(source: SyntheticSource, stream: int, index: int) -> list:
-    """The generator as first written, one draw and one search per feature: the stream every
-    earlier run trained on, which the vectorised generator must keep exactly."""
+_M32 = 0xFFFFFFFF
+
+
+def _plain_hash(x: int) -> int:
+    """lowbias32 on Python ints, written from its definition."""
+    x &= _M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def _plain_bits(counter: int, key: int) -> int:
+    return _plain_hash((counter * ((key & 0x7FFFFFFF) | 1) + _plain_hash(key)) & _M32)
+
+
+def _one_number_at_a_time(source: SyntheticSource, stream: int, index: int) -> list:
+    """The synthetic stream's definition (docs/nestpipe.md) written out one sample, feature and
+    slot at a time in plain Python: the vectorised generator must give it bit for bit."""
     cfg = source.cfg
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, stream, index]))
-    size, nf = cfg.batch_size, cfg.num_features
-    dense = rng.standard_normal((size, cfg.num_dense)).astype(np.float32)
-    lengths = rng.integers(1, cfg.bag_size + 1, (nf, size))
-    logit = dense.astype(np.float64) @ source.dense_w
-    ids = []
+    size, nf, nd, bag, vocab = (cfg.batch_size, cfg.num_features, cfg.num_dense, cfg.bag_size,
+                                cfg.vocab_size)
+    batch_key = _plain_hash(_plain_hash(_plain_hash(cfg.seed ^ 0xD1A7) ^ stream) ^ index)
+    k_dense, k_length, k_id, k_coin = (_plain_hash(batch_key ^ q) for q in range(4))
+    quantile, perm, scores = (source.quantile.tolist(), source.perm.tolist(),
+                              source.scores.tolist())
+    dense = np.zeros((size, nd), dtype=np.float32)
+    for j in range(size):
+        for d in range(nd):
+            h = _plain_bits(j * nd + d, k_dense)
+            dense[j, d] = np.float32((((h & 0xFFFF) + (h >> 16) + 1) / 65536.0 - 1.0)
+                                     * math.sqrt(6.0))
+    lengths = np.zeros((nf, size), dtype=np.int64)
+    ids, means = [], np.zeros((nf, size))
     for f in range(nf):
-        pos = np.searchsorted(source.cdf, rng.random(int(lengths[f].sum())), side="right")
-        raw = source.perm[f, np.minimum(pos, cfg.vocab_size - 1)]
-        bag = np.repeat(np.arange(size), lengths[f])
-        logit += np.bincount(bag, source.scores[f, raw], size) / lengths[f]
-        ids.append(raw)
-    labels = rng.random(size) < 1.0 / (1.0 + np.exp(-logit))
-    return [dense, np.concatenate(ids), lengths, labels.astype(np.float32)]
+        for j in range(size):
+            lengths[f, j] = 1 + ((_plain_bits(f * size + j, k_length) * bag) >> 32)
+            total = 0.0
+            for slot in range(lengths[f, j]):
+                h = _plain_bits((f * size + j) * bag + slot, k_id)
+                lo, hi = quantile[h >> 12]  # the bucket's first and last popularity rank
+                rank = lo + (((h & 0xFFF) * (hi - lo + 1)) >> 12)
+                ids.append(perm[f * vocab + rank])
+                total += scores[f * vocab + rank]
+            means[f, j] = total / lengths[f, j]
+    labels = np.zeros(size, dtype=np.float32)
+    for j in range(size):
+        logit = 0.0
+        for d in range(nd):
+            logit += float(dense[j, d]) * source.dense_w[d]
+        for f in range(nf):
+            logit += means[f, j]
+        z = logit * 0.5
+        p = 0.5 + 0.5 * z / math.sqrt(1.0 + z * z)
+        labels[j] = float((_plain_bits(j, k_coin) + 0.5) / 4294967296.0 < p)
+    return [dense, np.array(ids, dtype=np.int64), lengths, labels]
 
 
 @pytest.mark.parametrize("overrides", [
     [], ["batch_size=37", "num_features=3", "vocab_size=10", "bag_size=1", "zipf_alpha=1.6"],
-    ["batch_size=256", "num_features=26", "vocab_size=5000", "bag_size=20", "seed=7"],
+    ["batch_size=96", "num_features=26", "vocab_size=5000", "bag_size=20", "seed=7"],
 ])
-def test_generator_keeps_the_stream_of_one_draw_per_feature(overrides: list[str]) -> None:
+def test_generator_is_its_definition_one_number_at_a_time(overrides: list[str]) -> None:
     source = SyntheticSource(load_config(TINY, overrides))
     for stream, index in [(TRAIN_STREAM, 0), (TRAIN_STREAM, 5), (1, 2)]:
         batch = source.global_batch(stream, index)
         got = [batch.dense, batch.ids, batch.lengths, batch.labels]
-        for tensor, want in zip(got, _one_feature_at_a_time(source, stream, index), strict=True):
+        for tensor, want in zip(got, _one_number_at_a_time(source, stream, index), strict=True):
             assert np.array_equal(tensor.numpy(), want)
+
+
+def test_generator_does_not_depend_on_thread_count() -> None:
+    """Intra-op threads split the elementwise work differently; the bits must not change."""
+    source = SyntheticSource(load_config(TINY, ["batch_size=4096", "bag_size=8"]))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = source.global_batch(TRAIN_STREAM, 1)
+        torch.set_num_threads(max(2, threads))
+        many = source.global_batch(TRAIN_STREAM, 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert _same(one, many)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -198,6 +252,44 @@ def test_single_rank_run_in_process(tmp_path: Path) -> None:
         "dbp_refresh",
     }
     assert summary["bytes_per_step"]["embedding_a2a_fwd"] == 0  # one rank sends nothing
+
+
+@pytest.mark.parametrize("queues_work", [False, True])
+def test_dbp_trains_the_synchronous_parameters_wherever_it_prefetches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queues_work: bool
+) -> None:
+    """DBP prepares the next batch before the first micro-batch where the device does not queue
+    work (CPU), and after that micro-batch's backward is issued where it does (GPU): the GPU's
+    placement is forced here, on CPU (no streams), and both train the synchronous parameters."""
+    from recprof.nestpipe import schedule, streams
+    from recprof.nestpipe.trainer import Trainer, run
+
+    class Placed(streams.Streams):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(device)
+            self.queues_work = queues_work
+
+    hooks: list[bool] = []
+    finish = Trainer.finish
+
+    def spy(self: Trainer, window: object, after_first: object = None) -> object:
+        hooks.append(after_first is not None)
+        return finish(self, window, after_first)
+
+    monkeypatch.setattr(schedule, "Streams", Placed)
+    monkeypatch.setattr(Trainer, "finish", spy)
+    sets = ["dtype=float64", "micro_batches=2", "steps=4", "warmup_steps=1", "eval_batches=0",
+            "backend=gloo"]
+    run(load_config(TINY, sets), tmp_path / "sync", tmp_path / "sync.pt")
+    assert hooks == [False] * 4
+    hooks.clear()
+    run(load_config(TINY, [*sets, "dbp=true"]), tmp_path / "dbp", tmp_path / "dbp.pt")
+    assert hooks == [queues_work] * 4
+    sync, dbp = torch.load(tmp_path / "sync.pt"), torch.load(tmp_path / "dbp.pt")
+    for a, b in zip(sync["tables"], dbp["tables"], strict=True):
+        assert (a - b).abs().max().item() <= 1e-12
+    for name, tensor in sync["dense"].items():
+        assert (tensor - dbp["dense"][name]).abs().max().item() <= 1e-12
 
 
 def test_float64_state_holds_every_trained_tensor_in_float64(tmp_path: Path) -> None:

@@ -13,6 +13,16 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 - exposed H2D: `trace_diff/control` (~3%) fires; Megatron (~0%) does not.
 - host idle: the 2021 ResNet50 `num_workers_0` trace fires as data loading, TorchRec
   `sst_long_a2a_optimizer_4` as launch-bound; TraceLens `h100` (3% launch-bound idle) does not.
+- collective order: the built-in trainer's old DBP captured on an H100 (../shared/gpu
+  `timesliced_fwp_dbp`: two process groups from two threads) fires; Megatron (one thread) does
+  not. The opposite-order case is a real gloo job under capture (tests/analysis/
+  test_issue_order.py).
+- shared device: recprof's own H100 captures (../shared/gpu) of two ranks on one GPU fire,
+  time-sliced (26% of the step queued) and under MPS (1.7%); one rank alone and Megatron's
+  8 ranks on 8 GPUs do not.
+- queued idle: TraceLens' sglang decode (one MI300 rank whose next kernel sat launched for
+  463 ms of a 474 ms step on an idle GPU) fires; the time-sliced H100 ranks do not (their
+  queueing is the shared device's), nor one rank alone on its GPU.
 - late peer: the Ascend job of ../shared/ascend/level1 fires (its ranks 0 and 1 wait 95 ms of a
   155 ms step for rank 5, whose trace is not there, as their HCCL waits measure); no Kineto
   trace measures waits per peer, and a named straggler takes precedence.
@@ -34,11 +44,14 @@ from recprof.analysis.diagnosis import (
     diagnose,
     diagnose_facts,
     job_facts,
+    rule_collective_order,
     rule_exposed_dense_comm,
     rule_exposed_embedding_comm,
     rule_exposed_h2d,
     rule_host_idle,
     rule_late_peer,
+    rule_queued_idle,
+    rule_shared_device,
     rule_small_messages,
     rule_straggler,
 )
@@ -145,14 +158,55 @@ def test_host_idle(facts_of: Callable[[str], JobFacts]) -> None:
     launch = _check(rule_host_idle(facts_of("sst4")), facts_of("sst4"))
     assert "launch" in launch.headline and launch.knobs == ["torch.compile", "CUDA graphs"]
     assert rule_host_idle(facts_of(H100)) is None
-    # Both causes above the thresholds (launch 58 ms, DataLoader 47 ms of a 214 ms step with
-    # num_workers=0): both named, both remedied, the larger first.
+    # Both causes above the thresholds (launch 57 ms, DataLoader 47 ms of a 214 ms step with
+    # num_workers=0): both named, both remedied, the larger first; in the GPU's own word.
     both = _check(rule_host_idle(facts_of(RESNET50_2021_01)), facts_of(RESNET50_2021_01))
-    assert both.headline.startswith("the device idles 49% of the step (105 ms per step) on the "
-                                    "host: host-bound launch 58 ms and input data 47 ms"), \
+    assert both.headline.startswith("the GPU idles 49% of the step (105 ms per step) on the "
+                                    "host: host-bound launch 57 ms and input data 47 ms"), \
         both.headline
     assert both.knobs[:2] == ["torch.compile", "CUDA graphs"]
     assert "DataLoader num_workers" in both.knobs
+
+
+def test_collective_order(facts_of: Callable[[str], JobFacts], shared_traces: Path) -> None:
+    gpu = shared_traces.parent / "gpu"
+    nodes = [gpu / "timesliced_fwp_dbp" / f"node{k}" for k in (0, 1)]
+    if not all(n.is_dir() for n in nodes):
+        pytest.skip(f"GPU captures not found under {gpu}")
+    (job,) = analyze_paths(nodes).jobs
+    facts = job_facts(job)
+    f = rule_collective_order(facts)
+    assert f is not None and f.severity == "medium"
+    assert f.recoverable_us_per_step == 0  # a hang risk is not a cost in time
+    assert "process groups 0 and 1" in f.headline and not f.knobs
+    assert rule_collective_order(facts_of("megatron")) is None
+def test_shared_device(facts_of: Callable[[str], JobFacts],
+                       gpu_analysis: Callable[[str], AnalysisResult]) -> None:
+    def facts(name: str) -> JobFacts:
+        (job,) = gpu_analysis(name).jobs
+        return job_facts(job)
+
+    sliced = facts("timesliced_sync")
+    f = _check(rule_shared_device(sliced), sliced)
+    assert f.severity == "high" and f.knobs == ["one device per rank"]
+    assert f.recoverable_fraction > 0.2  # the queued time: 20 ms of a 78 ms step
+    assert "MPS" in f.advice  # CUDA's way of sharing a GPU side by side
+    mps = facts("mps_sync")
+    f = _check(rule_shared_device(mps), mps)
+    assert f.severity == "high" and f.recoverable_fraction < 0.05  # high whatever it costs
+    assert rule_shared_device(facts("one_gpu")) is None
+    assert rule_shared_device(facts_of("megatron")) is None
+
+
+def test_queued_idle(facts_of: Callable[[str], JobFacts],
+                     gpu_analysis: Callable[[str], AnalysisResult]) -> None:
+    facts = facts_of("tracelens/inference/sglang_decode")
+    f = _check(rule_queued_idle(facts), facts)
+    assert f.severity == "high" and f.knobs == []  # nothing to turn: find what holds the GPU
+    assert "another process" in f.advice
+    for name in ("timesliced_sync", "one_gpu"):
+        (job,) = gpu_analysis(name).jobs
+        assert rule_queued_idle(job_facts(job)) is None, name
 
 
 def test_nothing_wrong(facts_of: Callable[[str], JobFacts]) -> None:
@@ -172,5 +226,6 @@ def test_findings_ranked_by_recoverable_time(
 def test_every_rule_is_exercised_above() -> None:
     # A new rule must get its own occurs / does-not-occur test in this module.
     tested = {rule_exposed_embedding_comm, rule_exposed_dense_comm, rule_straggler,
-              rule_late_peer, rule_small_messages, rule_exposed_h2d, rule_host_idle}
+              rule_late_peer, rule_small_messages, rule_exposed_h2d, rule_host_idle,
+              rule_collective_order, rule_shared_device, rule_queued_idle}
     assert set(RULES) == tested

@@ -356,7 +356,12 @@ def test_a_gzip_bomb_is_refused(tmp_path: Path) -> None:
 
 def test_a_subnormal_idle_gap_is_not_explained_by_a_span_that_misses_it(
         shared_traces: Path) -> None:
-    from recprof.analysis.idle import COLLECTIVE_WAIT, DATA_LOADING, _GapExplainer
+    from recprof.analysis.idle import (
+        COLLECTIVE_WAIT,
+        DATA_LOADING,
+        HOST_BOUND_LAUNCH,
+        _GapExplainer,
+    )
     from recprof.trace import load_rank_trace
 
     trace = load_rank_trace(sorted((shared_traces / SST).iterdir())[0])
@@ -366,5 +371,5 @@ def test_a_subnormal_idle_gap_is_not_explained_by_a_span_that_misses_it(
     starts = np.array([-1e15, 0.0])  # before every span; at the origin
     explainer = _GapExplainer(trace, starts, starts + 5e-324)
     for gap in range(len(starts)):
-        cause, _ = explainer.explain(gap)
+        cause, _ = explainer.explain(gap, (HOST_BOUND_LAUNCH, ""))
         assert cause not in (DATA_LOADING, COLLECTIVE_WAIT)

@@ -3,8 +3,12 @@
 It reads `--config FILE --out DIR` like `python -m recprof.nestpipe` and writes a
 `recprof.nestpipe.summary/1` summary whose throughput and AUC are a fixed function of the knobs,
 so tests can say which config must win. Extra config keys steer failures: `fail: crash|oom|hang`
-and `sleep_s` (seconds before finishing, to interrupt a trial mid-run). It is never used to
-produce numbers anyone reads as measured.
+and `sleep_s` (seconds before finishing, to interrupt a trial mid-run). With `step_s` it also
+writes the contract's step log (`metrics.jsonl`, one line per step, `steps` of them, flushed
+as each ends), each step `step_s` long, `slow_factor` times longer when the config matches
+`slow_if` ({knob: value}), and it hangs before step `hang_at_step` when it matches `hang_if`:
+what the tuner's hung-trial watchdog reads. It is never used to produce numbers anyone reads
+as measured.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ def main() -> None:
         (args.out / "child.pid").write_text(str(child.pid))
         time.sleep(600)
     time.sleep(float(cfg.get("sleep_s", 0)))
+    if "step_s" in cfg:
+        _steps(cfg, args.out)
     speed = 1000.0
     for knob, table in SPEED.items():
         speed *= table[cfg.get(knob, next(iter(table)))]
@@ -68,6 +74,25 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary))
+
+
+def _matches(cfg: dict, condition: dict | None) -> bool:
+    return bool(condition) and all(cfg.get(k) == v for k, v in condition.items())
+
+
+def _steps(cfg: dict, out: Path) -> None:
+    """Write one step line per step, each `step_s` long (see the module docstring)."""
+    step_s = float(cfg["step_s"]) * (cfg.get("slow_factor", 1) if _matches(
+        cfg, cfg.get("slow_if")) else 1)
+    hang_at = cfg.get("hang_at_step", 0) if _matches(cfg, cfg.get("hang_if")) else None
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "metrics.jsonl").open("w") as fh:
+        for step in range(int(cfg.get("steps", 6))):
+            if step == hang_at:
+                time.sleep(600)
+            time.sleep(step_s)
+            fh.write(json.dumps({"step": step, "wall_s": step_s}) + "\n")
+            fh.flush()
 
 
 if __name__ == "__main__":

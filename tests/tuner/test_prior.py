@@ -42,3 +42,27 @@ def test_predicted_best_runs_first_and_the_sampler_takes_over_when_none_beats_th
     assert PRIOR.next_config([FP16, N4, BOTH], [(BASE, 100.0)], best_feasible=100.0) == BOTH
     assert PRIOR.next_config([N4], [(BASE, 100.0)], best_feasible=130.0) is None
     assert PRIOR.next_config([_k(reshape=2)], [(BASE, 100.0)], best_feasible=0.0) is None
+
+
+def test_a_gpu_jobs_prior_is_the_whatif_priced_on_its_gpu() -> None:
+    """`recprof tune` on a GPU job ranks its first trials by the same model as `recprof
+    whatif`: on the H100 two-rank capture (its two node folders, given by the folder holding
+    them) the wire precisions and reshape rank ahead of the baseline, as they measured
+    (bf16 -21%, reshape=2 -29%); priced with this machine's CPU, bf16 ranked last."""
+    import os
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    from tuner.prior import build_prior
+
+    shared = Path(os.environ.get("RECPROF_SHARED", Path(__file__).parents[3] / "shared"))
+    run = shared / "gpu" / "timesliced_sync"
+    if not run.is_dir():
+        pytest.skip(f"the H100 captures are not at {run.parent} (set RECPROF_SHARED)")
+    bf16, reshape = _k(qcomms="bf16"), _k(reshape=2)
+    prior = build_prior(run, [BASE, bf16, reshape], samples_per_step=16384)
+    predicted = prior.predicted
+    assert predicted[knobs_key(bf16)] > 1.2 * predicted[knobs_key(BASE)]
+    assert predicted[knobs_key(reshape)] > 1.2 * predicted[knobs_key(BASE)]
+    assert "3 configs predicted" in prior.basis and "unprofiled step" in prior.basis
+    assert "priced on GPU: elementwise kernels" in prior.basis

@@ -15,18 +15,28 @@ from recprof.analysis import AnalysisResult, JobAnalysis, StepMetrics
 from recprof.analysis.model import Finding, SkewAnalysis
 from recprof.errors import RecprofError
 from tuner.record import StepNumbers
-from tuner.runner import TrialRunner, analyse_capture, capture_window, classify_failure
+from tuner.runner import (
+    MIN_SLACK_S,
+    STALL_STEPS,
+    TrialRunner,
+    Watchdog,
+    analyse_capture,
+    capture_window,
+    classify_failure,
+)
 from tuner.storage import resolve_storage
 from tuner.trainer import Launch
 
 
-def _run(tmp_path: Path, config: dict, timeout: float = 30.0):
-    trial_dir = tmp_path / "trial"
+def _run(tmp_path: Path, config: dict, timeout: float = 30.0, watchdog: Watchdog | None = None,
+         name: str = "trial"):
+    trial_dir = tmp_path / name
     trial_dir.mkdir()
     (trial_dir / "config.yaml").write_text(yaml.safe_dump(config))
     argv = [sys.executable, str(FAKE_TRAINER), "--config", str(trial_dir / "config.yaml"),
             "--out", str(trial_dir)]  # fmt: skip
-    return TrialRunner(capture=False, timeout_s=timeout).run(argv, trial_dir), trial_dir
+    runner = TrialRunner(capture=False, timeout_s=timeout, watchdog=watchdog)
+    return runner.run(argv, trial_dir), trial_dir
 
 
 def test_ok_trial_reads_the_summary(tmp_path: Path) -> None:
@@ -56,6 +66,70 @@ def test_timeout_ends_every_process_of_the_trial(tmp_path: Path) -> None:
     # The grandchild, in another process group, was killed too (gone, or a zombie).
     stat = Path(f"/proc/{child}/stat")
     assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+#: The fake trainer's step log: 6 steps of 0.2 s, one line each (tests/tuner/fake_trainer.py).
+STEPPED = {"steps": 6, "step_s": 0.2}
+#: A hard timeout no watchdog test may come near: what a hung trial waited before.
+HARD_TIMEOUT = 120.0
+
+
+@pytest.fixture
+def baseline(tmp_path: Path) -> Watchdog:
+    """The watchdog the tuner arms after a baseline of STEPPED, from that baseline's pace."""
+    outcome, _ = _run(tmp_path, STEPPED, name="baseline")
+    assert outcome.ok and outcome.pace is not None
+    assert outcome.pace.steps == 6 and outcome.pace.slowest_step_s >= 0.2
+    return Watchdog(outcome.pace, outcome.pace.steps)
+
+
+def _bound(watchdog: Watchdog, steps_done: int) -> float:
+    """When the watchdog must have ended a trial that hangs after `steps_done` steps: the
+    baseline's start-up (with its grace), those steps, the slack of a few of the baseline's
+    slowest steps, and the runner's poll and the kill's grace on top."""
+    pace = watchdog.baseline
+    slack = max(STALL_STEPS * pace.slowest_step_s, MIN_SLACK_S)
+    return 1.5 * pace.startup_s + steps_done * 0.2 + slack + 6.0
+
+
+def test_a_trial_that_hangs_mid_run_is_ended_a_few_steps_after_its_next_step_was_due(
+    tmp_path: Path, baseline: Watchdog
+) -> None:
+    config = STEPPED | {"dbp": True, "hang_if": {"dbp": True}, "hang_at_step": 3}
+    start = time.monotonic()
+    outcome, _ = _run(tmp_path, config, timeout=HARD_TIMEOUT, watchdog=baseline)
+    took = time.monotonic() - start
+    assert outcome.status == "timeout"
+    assert outcome.reason.startswith("hung: no sign of step 4 of 6 ")
+    assert outcome.reason.endswith("; all processes ended")
+    assert outcome.pace is not None and outcome.pace.steps == 3
+    assert took < _bound(baseline, 3) < HARD_TIMEOUT / 4
+
+
+def test_a_trial_that_hangs_before_its_first_step_is_ended_early(
+    tmp_path: Path, baseline: Watchdog
+) -> None:
+    start = time.monotonic()
+    outcome, trial_dir = _run(tmp_path, {"fail": "hang"}, timeout=HARD_TIMEOUT,
+                              watchdog=baseline)
+    assert outcome.status == "timeout" and outcome.reason.startswith("hung: no sign of its first")
+    assert time.monotonic() - start < _bound(baseline, 0)
+    child = int((trial_dir / "child.pid").read_text())
+    time.sleep(0.2)
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_a_slower_trial_that_keeps_stepping_runs_to_the_end(
+    tmp_path: Path, baseline: Watchdog
+) -> None:
+    """Each step ten times the baseline's (2 s): more than a few baseline steps, less than the
+    watchdog's floor, and then its own slowest step sizes the slack."""
+    config = STEPPED | {"steps": 4, "qcomms": "bf16", "slow_if": {"qcomms": "bf16"},
+                        "slow_factor": 10}
+    outcome, _ = _run(tmp_path, config, timeout=HARD_TIMEOUT, watchdog=baseline)
+    assert outcome.ok, outcome.reason
+    assert outcome.pace is not None and outcome.pace.slowest_step_s >= 2.0
 
 
 def test_missing_summary_is_a_failure(tmp_path: Path) -> None:

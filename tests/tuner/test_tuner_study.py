@@ -181,3 +181,23 @@ def test_the_study_opens_in_optuna_dashboard(fake_settings: Callable[..., TuneSe
     detail = get(f"/api/studies/{studies[0]['study_id']}")
     assert len(detail["trials"]) >= 2
     assert "throughput" in {a["key"] for a in detail["trials"][0]["user_attrs"]}
+
+
+def test_a_hung_trial_is_ended_at_the_baselines_pace_not_at_the_trial_timeout(
+    tmp_path: Path, fake_settings: Callable[..., TuneSettings]
+) -> None:
+    """The DBP trial hangs before its third step (as DBP once did on GPUs); with a 300 s
+    `--trial-timeout` it is ended seconds after its step was due by the baseline's pace."""
+    config = write_yaml(tmp_path / "stepped.yaml", BASE_CONFIG | {
+        "step_s": 0.1, "hang_if": {"dbp": True}, "hang_at_step": 2})
+    space = write_yaml(tmp_path / "space.yaml", {"knobs": {
+        "dbp": [False, True], "qcomms": ["fp32"], "reshape": [1], "micro_batches": [1],
+        "hsp_groups": [1], "clustering": [False]}})
+    settings = fake_settings(config=config, space=space, trials=2, trial_timeout=300.0)
+    result = run_tuning(settings, Console(quiet=True))
+    base, hung = load(settings, result.study_name).get_trials()
+    assert base.state == TrialState.COMPLETE and base.user_attrs["pace"]["steps"] == 6
+    assert hung.params["dbp"] is True and hung.state == TrialState.FAIL
+    assert hung.user_attrs["status"] == "timeout"
+    assert hung.user_attrs["reason"].startswith("hung: no sign of step 3 of 6")
+    assert hung.user_attrs["wall_s"] < 30  # the baseline's pace, far from 300 s

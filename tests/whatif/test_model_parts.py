@@ -3,6 +3,8 @@ link order, the link fit, and the `--try` parser."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from recprof.analysis.model import CollectiveSample
@@ -192,11 +194,12 @@ def test_codec_cost_is_the_codecs_own_time_per_row_and_direction() -> None:
     torch = pytest.importorskip("torch")
     from recprof.nestpipe.config import TrainConfig
     from recprof.nestpipe.qcomms import Codec
-    from recprof.whatif.predict import measure_codec
+    from recprof.whatif.device import measure_codec
 
     cfg = TrainConfig(num_tables=8, num_embeddings=50_000, embedding_dim=64)
     rows = 10_000
-    fwd, bwd = measure_codec(cfg, "fp8", rows)
+    cost = measure_codec(cfg, "fp8", rows)
+    fwd, bwd = cost.fwd, cost.bwd
     data = torch.rand(rows, 64)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -221,7 +224,7 @@ def test_codec_cost_is_the_codecs_own_time_per_row_and_direction() -> None:
             assert 0.25 < per_row * rows / own < 4.0, (direction, per_row, own)
     finally:
         torch.set_num_threads(threads)
-    assert measure_codec(cfg, "fp32", rows)[0] < fwd  # the lossless format is a no-op
+    assert measure_codec(cfg, "fp32", rows).fwd < fwd  # the lossless format is a no-op
 
 
 def test_a_wire_precision_says_which_all_to_alls_keep_their_size() -> None:
@@ -245,3 +248,32 @@ def test_a_wire_precision_says_which_all_to_alls_keep_their_size() -> None:
     torchrec = rank({"kjt_splits": [48.0] * steps, "kjt_values": [6656.0] * steps,
                      "pooled_embeddings_fwd": [425_984.0] * steps})
     assert unknown_exchange_note(torchrec, steps) == []
+
+
+def test_links_are_fitted_per_span_of_hosts_where_collectives_cross_several() -> None:
+    """Four ranks on hosts a, a, b, b: sharding groups inside each host move 10 bytes/us,
+    the all-to-all across both 1 byte/us. One line per kind would average the two; the
+    spans' lines price each collective on the link its members' hosts use."""
+    from recprof.whatif.costs import fit_spans
+
+    host_of = {0: "a", 1: "a", 2: "b", 3: "b"}
+    inside = [dataclasses.replace(_sample("all_to_all", b, 20 + b / 10), rank=r,
+                                  process_group="intra") for b in (1e3, 1e4, 1e5) for r in (0, 2)]
+    across = [dataclasses.replace(_sample("all_to_all", b, 200 + b / 1), rank=r,
+                                  process_group="world") for b in (1e3, 1e4, 1e5) for r in (0, 2)]
+
+    def members(s: CollectiveSample) -> tuple[int, ...]:
+        return (s.rank, s.rank + 1) if s.process_group == "intra" else (0, 1, 2, 3)
+
+    spans = fit_spans(inside + across, 4, members, host_of)
+    assert set(spans) == {("all_to_all", ("a",)), ("all_to_all", ("b",)),
+                          ("all_to_all", ("a", "b"))}
+    assert spans[("all_to_all", ("a", "b"))].bytes_per_us == pytest.approx(1, rel=1e-6)
+    assert spans[("all_to_all", ("b",))].latency_us == pytest.approx(20, rel=1e-6)
+    network = Network(fit_links(inside + across, 4), 2, 4, spans=spans, hosts=host_of)
+    assert network.fitted("all_to_all", (2, 3), 1e4) == pytest.approx(20 + 1e3, rel=1e-6)
+    assert network.fitted("all_to_all", (0, 1, 2, 3), 1e4) == pytest.approx(200 + 1e4, rel=1e-6)
+    # a group beyond the captured ranks (scaling) is priced on its kind's line
+    assert network.line("all_to_all", (0, 4)) == network.link("all_to_all")
+    # one span only: the kinds' lines are the links
+    assert fit_spans([s for s in inside if s.rank == 0], 4, members, host_of) == {}

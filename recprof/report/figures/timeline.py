@@ -7,6 +7,7 @@ and the ranks drawn are the analysis' choice (recprof.analysis.timeline.choose_t
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -14,12 +15,18 @@ from recprof.analysis.model import JobAnalysis, Timeline, TimelineEvent
 from recprof.analysis.timeline import MAX_TIMELINE_RANKS, choose_timeline_ranks
 from recprof.report.figures.style import COLORS, Figure, collective_color, layout, ms, rank_label
 from recprof.report.safe import plot_text
+from recprof.trace.devices import of_document as device_facts
 
 #: Segments drawn per rank at most (the analysis already caps events per timeline; this keeps
 #: the page light for 8+ ranks and long steps).
 MAX_TIMELINE_SEGMENTS_PER_RANK = 1200
 #: Gaps shorter than this fraction of the step are merged (about one pixel at 1,200 px wide).
 TIMELINE_MERGE_FRACTION = 1 / 1500
+
+#: A Kineto device stream's lane name (trace/build.py `_lane_namer`).
+_DEVICE_STREAM = re.compile(r" \d+ stream \S+$")
+#: A kind of work names a lane when it fills this share of the lane's busy time in the step.
+LANE_ROLE_SHARE = 0.1
 
 _LEGEND = {"compute": "compute", "copy_h2d": "H2D copy", "copy_d2h": "D2H copy",
            "copy_d2d": "D2D copy", "other": "other device work",
@@ -46,6 +53,32 @@ class RankLanes:
     exposed: list[tuple[float, float]]  # (start, duration) us from the step start
     merge_gap_us: float
     dropped_events: int
+
+
+def lane_titles(timeline: Timeline, device_kind: str) -> list[str]:
+    """Each lane's name and, on a device that queues work, what runs on it in this step:
+    `GPU 0 stream 7 · compute + NCCL`, `GPU 0 stream 16 · NCCL`, `... · copies` (each kind of
+    work that fills at least `LANE_ROLE_SHARE` of the lane's busy time). Only a Kineto device
+    stream (`<device> <index> stream <id>`, trace/build.py) is named so: a CPU run's lanes (the
+    main thread, gloo threads) and torch_npu's (streams, HCCL planes and their peers) say what
+    they are already."""
+    words = device_facts(device_kind)
+    if not words.queues_work:
+        return list(timeline.lanes)
+    roles = ("compute", words.collectives, "copies", "other work")
+    busy: dict[int, Counter[str]] = {}
+    for ev in timeline.events:
+        role = (roles[0] if ev.category == "compute" else roles[1] if ev.category == "comm"
+                else roles[2] if ev.category.startswith("copy") else roles[3])
+        busy.setdefault(ev.lane, Counter())[role] += ev.dur_us
+    titles = []
+    for i, name in enumerate(timeline.lanes):
+        lane = busy.get(i, Counter())
+        total = sum(lane.values())
+        shown = [r for r in roles if total > 0 and lane[r] >= LANE_ROLE_SHARE * total]
+        named = _DEVICE_STREAM.search(name) and shown
+        titles.append(f"{name} · {' + '.join(shown)}" if named else name)
+    return titles
 
 
 @dataclass
@@ -120,8 +153,8 @@ def timeline_info(job: JobAnalysis) -> TimelineInfo | None:
             kind = key.removeprefix("comm:")
             if key.startswith("comm:") and kind not in kinds:
                 kinds.append(kind)
-        ranks.append(RankLanes(rank, tl.step, list(tl.lanes), segments, list(tl.exposed_comm),
-                               gap, tl.dropped_events))
+        ranks.append(RankLanes(rank, tl.step, lane_titles(tl, job.device_kind), segments,
+                               list(tl.exposed_comm), gap, tl.dropped_events))
     return TimelineInfo(ranks, kinds, len(job.ranks))
 
 
