@@ -162,6 +162,15 @@ def armed_idle(args: argparse.Namespace, workdir: Path, console: Console) -> Non
         table.add_row(f"{args.skip}-{args.steps - 1}", str(len(idx) * args.repeats), clock,
                       f"{base * 1e3:.2f}", f"{armed * 1e3:.2f}", f"{armed / base:.3f}")
     console.print(table)
+    # Each plain run and the armed run beside it saw the same load: their ratio drifts less
+    # than the pooled medians' when other work comes and goes (a 2-core machine shared).
+    paired = {clock: [statistics.median(c[clock][i] for i in idx)
+                      / statistics.median(p[clock][i] for i in idx)
+                      for p, c in zip(plain, captured, strict=True)] for clock in ("wall", "cpu")}
+    for clock, values in paired.items():
+        console.print(f"{clock}: armed / plain per pair of runs "
+                      f"{', '.join(f'{v:.3f}' for v in values)}; median "
+                      f"{statistics.median(values):.3f}")
     hooks = []
     for r in range(args.repeats):
         log = (workdir / f"capture{r}" / "steps" / "rank0.jsonl").read_text().splitlines()
