@@ -1,5 +1,7 @@
 """What `recprof capture` costs the job: median step time with and without it, outside and inside
-the profiled window, side by side. Goal: <= 2% outside the window.
+the profiled window, side by side. Goal: <= 2% outside the window. With `--case armed-idle`:
+a run armed `--on-demand` and never triggered against the same run without capture. Goal:
+<= 1% slower.
 
 One invocation runs the example (`examples/ddp_sharded_embedding.py`, 2 ranks under torchrun: gloo
 on CPU, nccl where each rank has a GPU) alternately plain and under capture, `--repeats` times each
@@ -11,6 +13,10 @@ window, "outside" in the wait phase or after the window; the first `--skip` step
 the step that exports the trace are left out of both. The same step indices are compared.
 
     python benchmarks/capture_overhead.py               # about 2-3 minutes on 2 CPU cores
+    python benchmarks/capture_overhead.py --case armed-idle --repeats 5   # about 3 minutes
+
+The armed-idle case compares every step after `--skip` (no window is ever recorded), and
+prints capture's own time per step from the armed run's step log.
 """
 
 from __future__ import annotations
@@ -44,7 +50,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--with-stack", action="store_true")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temp folder)")
+    parser.add_argument("--case", choices=("window", "armed-idle"), default="window",
+                        help="window: a fixed window (--wait/--warmup/--active); armed-idle: "
+                             "--on-demand, never triggered")
     return parser.parse_args()
+
+
+def capture_options(args: argparse.Namespace) -> list[str]:
+    """How the captured runs of this case are captured."""
+    if args.case == "armed-idle":
+        return ["--on-demand"]
+    return ["--wait", str(args.wait), "--warmup", str(args.warmup), "--active", str(args.active),
+            *(["--with-stack"] if args.with_stack else [])]
 
 
 def run_once(
@@ -75,14 +92,8 @@ def run_once(
             "capture",
             "--out",
             str(workdir / name),
-            "--wait",
-            str(args.wait),
-            "--warmup",
-            str(args.warmup),
-            "--active",
-            str(args.active),
+            *capture_options(args),
             "--no-report",
-            *(["--with-stack"] if args.with_stack else []),
             "--",
             *job,
         ]
@@ -118,14 +129,9 @@ def _backend(run_dir: Path) -> str:
     return (meta.get("distributed") or {}).get("backend", "unknown-backend")
 
 
-def main() -> None:
-    args = parse_args()
-    schedule = Schedule(args.wait, args.warmup, args.active, args.with_stack)
-    if args.steps <= schedule.end + 10:
-        sys.exit("--steps must leave at least 10 steps after the window")
-    console = Console()
-    workdir = args.out or Path(tempfile.mkdtemp(prefix="capture_overhead_"))
-    workdir.mkdir(parents=True, exist_ok=True)
+def run_alternately(args: argparse.Namespace, workdir: Path, console: Console
+                    ) -> tuple[list[dict[str, list[float]]], list[dict[str, list[float]]]]:
+    """`--repeats` plain and captured runs, alternating which goes first."""
     plain: list[dict[str, list[float]]] = []
     captured: list[dict[str, list[float]]] = []
     for rep in range(args.repeats):
@@ -136,6 +142,62 @@ def main() -> None:
             (captured if with_capture else plain).append(
                 run_once(args, workdir, name, with_capture)
             )
+    return plain, captured
+
+
+def armed_idle(args: argparse.Namespace, workdir: Path, console: Console) -> None:
+    """The --on-demand case: every step after --skip, plain against armed, in one table."""
+    plain, captured = run_alternately(args, workdir, console)
+    backend = _backend(workdir / "capture0")
+    table = Table(title=f"armed on demand, never triggered: {args.nproc} {backend} rank(s), "
+                        f"{args.repeats} runs each")
+    for column in ("steps", "n", "clock", "plain median ms", "armed median ms", "ratio"):
+        table.add_column(column, justify="right")
+    idx = list(range(args.skip, args.steps))
+    ratios = {}
+    for clock in ("wall", "cpu"):
+        base = statistics.median(run[clock][i] for run in plain for i in idx)
+        armed = statistics.median(run[clock][i] for run in captured for i in idx)
+        ratios[clock] = (base, armed / base)
+        table.add_row(f"{args.skip}-{args.steps - 1}", str(len(idx) * args.repeats), clock,
+                      f"{base * 1e3:.2f}", f"{armed * 1e3:.2f}", f"{armed / base:.3f}")
+    console.print(table)
+    # Each plain run and the armed run beside it saw the same load: their ratio drifts less
+    # than the pooled medians' when other work comes and goes (a 2-core machine shared).
+    paired = {clock: [statistics.median(c[clock][i] for i in idx)
+                      / statistics.median(p[clock][i] for i in idx)
+                      for p, c in zip(plain, captured, strict=True)] for clock in ("wall", "cpu")}
+    for clock, values in paired.items():
+        console.print(f"{clock}: armed / plain per pair of runs "
+                      f"{', '.join(f'{v:.3f}' for v in values)}; median "
+                      f"{statistics.median(values):.3f}")
+    hooks = []
+    for r in range(args.repeats):
+        log = (workdir / f"capture{r}" / "steps" / "rank0.jsonl").read_text().splitlines()
+        hooks += [json.loads(line)["hook_s"] for line in log[args.skip:]]
+        if list((workdir / f"capture{r}" / "windows").glob("*")):
+            sys.exit(f"capture{r} recorded a window: it was triggered, not idle")
+    hook = statistics.median(hooks)
+    wall, cpu = ratios["wall"][0], ratios["cpu"][0]
+    console.print(f"capture's own time per step, armed (median of its step log): "
+                  f"{hook * 1e6:.0f} us = {hook / wall:.2%} of the plain wall step, "
+                  f"{hook / cpu:.2%} of its CPU time; goal: at most 1% slower "
+                  f"(wall {ratios['wall'][1] - 1:+.1%}, cpu {ratios['cpu'][1] - 1:+.1%})")
+    console.print(f"runs kept in {workdir}")
+
+
+def main() -> None:
+    args = parse_args()
+    console = Console()
+    workdir = args.out or Path(tempfile.mkdtemp(prefix="capture_overhead_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.case == "armed-idle":
+        armed_idle(args, workdir, console)
+        return
+    schedule = Schedule(args.wait, args.warmup, args.active, args.with_stack)
+    if args.steps <= schedule.end + 10:
+        sys.exit("--steps must leave at least 10 steps after the window")
+    plain, captured = run_alternately(args, workdir, console)
 
     def steps_in(phase: str) -> list[int]:
         before = list(range(args.skip, schedule.wait))

@@ -45,6 +45,7 @@ def _root(
 #: its help when given no arguments.
 COMMANDS: dict[str, tuple[str, bool]] = {
     "capture": ("recprof.capture.command", True),
+    "trigger": ("recprof.capture.trigger", True),
     "analyze": ("recprof.analysis.command", True),
     "report": ("recprof.report.command", True),
     "compare": ("recprof.compare.command", True),

@@ -12,6 +12,10 @@ Each switch is a pattern seen in real training scripts:
     --step-sleep SECONDS  slow steps (room for a Ctrl-C inside the window)
     --slow-steps FIRST LAST --slow-step-sleep SECONDS   iterations FIRST..LAST sleep that much
                           more: a slow start, or a slow stretch in mid-run
+    --slow-from STEP [--slow-factor F]   from iteration STEP on, every step takes F (default 2)
+                          times the median of the 10 iterations before it: the model's forward
+                          multiplies matrices for the extra time (dense forward compute, which
+                          a comparison of windows before and after must name)
     --abort-at-exit       SIGABRT in interpreter teardown, after the exit handlers ran: what the
                           gloo exit race does (recprof/exit_race.py; TorchRec's golden DLRM
                           aborted so in 1 run of 3)
@@ -33,10 +37,12 @@ import argparse
 import atexit
 import gc
 import os
+import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -58,6 +64,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--slow-steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
     parser.add_argument("--slow-step-sleep", type=float, default=0.0)
+    parser.add_argument("--slow-from", type=int, default=-1)
+    parser.add_argument("--slow-factor", type=float, default=2.0)
     parser.add_argument("--abort-at-exit", action="store_true")
     parser.add_argument("--abort-after-loop", action="store_true")
     parser.add_argument("--prepare-thread", action="store_true")
@@ -99,6 +107,23 @@ def sleep_before(args: argparse.Namespace, step: int) -> float:
     return args.step_sleep + (args.slow_step_sleep if slow else 0.0)
 
 
+class PlantedSlowdown(nn.Module):
+    """The model, whose forward also multiplies matrices for `extra_s` seconds (0 until the
+    planted slowdown starts): the slowdown is real work inside the job's forward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.extra_s = 0.0
+        self.work = torch.randn(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        until = time.perf_counter() + self.extra_s
+        while time.perf_counter() < until:
+            self.work = torch.tanh(self.work @ self.work)
+        return self.model(x)
+
+
 def main() -> None:
     args = parse_args()
     if args.abort_at_exit:
@@ -110,12 +135,18 @@ def main() -> None:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+    planted = PlantedSlowdown(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+    model = DistributedDataParallel(planted)
+    tops: list[float] = []  # when each iteration started
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
     helper = ThreadPoolExecutor(1, thread_name_prefix="prepare") if args.prepare_thread else None
     upcoming = helper.submit(prepare) if helper else None
     with own_profiler(args) as prof:
         for step in range(args.steps):
+            tops.append(time.perf_counter())
+            if step == args.slow_from:
+                before = [b - a for a, b in pairwise(tops[-11:])] or [0.0]
+                planted.extra_s = (args.slow_factor - 1) * statistics.median(before)
             time.sleep(sleep_before(args, step))
             if rank == args.crash_rank and step == args.crash_step:
                 raise RuntimeError(f"injected failure on rank {rank} at step {step}")

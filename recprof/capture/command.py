@@ -15,9 +15,10 @@ from recprof import terminal
 from recprof.capture import layout
 from recprof.capture.finish import analyze_and_report
 from recprof.capture.launcher import job_env, run_job
-from recprof.capture.layout import ExitStatus, RunStatus, Schedule, WindowStart
+from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule, WindowStart
 from recprof.capture.manifest import build_manifest, write_manifest
 from recprof.capture.progress import EventTail
+from recprof.capture.windows import finish_windows, print_windows
 from recprof.errors import RecprofError
 
 DEFAULT_ROOT = Path("recprof-runs")
@@ -60,6 +61,20 @@ def capture(
     no_report: Annotated[
         bool, typer.Option("--no-report", help="Skip analyze + report at the end.")
     ] = False,
+    on_demand: Annotated[
+        bool, typer.Option("--on-demand", help="Arm every rank and record nothing until asked: "
+                           "`recprof trigger RUN` records the next --active steps (each "
+                           "window into RUN/windows/).")
+    ] = False,
+    auto: Annotated[
+        float | None, typer.Option("--auto", metavar="SLOWDOWN", help="With --on-demand: "
+                                   "record a baseline window once the steps settle, then a "
+                                   "window whenever the median of the last 5 steps rises above "
+                                   "SLOWDOWN x the settled median (e.g. 1.3).")
+    ] = None,
+    max_windows: Annotated[
+        int, typer.Option(min=1, help="With --auto: slowdown windows per run at most.")
+    ] = DEFAULT.max_windows,
 ) -> None:
     """Run a training job with the profiler injected into every rank, then analyze it.
 
@@ -72,12 +87,20 @@ def capture(
 
     Example: recprof capture --wait 20 --active 10 -- torchrun --nproc_per_node 8 train.py
 
-    Exits with the job's exit status, or 3 when the job exited 0 but no trace was captured.
+    Example: recprof capture --on-demand --auto 1.3 -- torchrun --nproc_per_node 8 train.py
+
+    With --on-demand the ranks record nothing until `recprof trigger RUN` asks (or, with
+    --auto, until the steps slow down), without restarting the job.
+
+    Exits with the job's exit status, or 3 when the job exited 0 but no trace was captured
+    (not with --on-demand: a run never triggered is one).
     """
     if not command:
         raise RecprofError("no command to run: recprof capture [OPTIONS] -- CMD ARGS...")
+    _check_on_demand(on_demand, auto, wait)
     schedule = Schedule(wait=_wait(wait), warmup=warmup, active=active, with_stack=with_stack,
-                        max_wait=max_wait)
+                        max_wait=max_wait, on_demand=on_demand, auto_slowdown=auto,
+                        max_windows=max_windows)
     if schedule.wait is not None and schedule.wait + warmup < 1:
         raise RecprofError(
             "--wait + --warmup must be at least 1, so recording starts after the first step "
@@ -90,10 +113,14 @@ def capture(
         raise RecprofError(f"{run_dir} already holds a capture; choose another --out")
     for sub in (layout.TRACES, layout.STEPS, layout.META):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    if on_demand:
+        (run_dir / layout.TRIGGERS).mkdir(exist_ok=True)
 
     console = Console(stderr=True, highlight=False)
     write_manifest(run_dir, build_manifest(run_dir, command, schedule, job=None))
-    if schedule.auto:
+    if on_demand:
+        when = _armed_line(run_dir, schedule)
+    elif schedule.auto:
         when = (f"{active} steps of every rank are recorded once their step times settle "
                 f"(at most after {max_wait} steps)")
     else:
@@ -114,7 +141,12 @@ def capture(
     manifest = build_manifest(run_dir, command, schedule, job)
     _print_summary(console, manifest, write_manifest(run_dir, manifest))
 
-    if not no_report:
+    if on_demand:
+        if not no_report:
+            finish_windows(run_dir, manifest["windows"], console)
+        print_windows(console, manifest["windows"], manifest["world_size"])
+        write_manifest(run_dir, manifest)
+    elif not no_report:
         outcome = analyze_and_report(run_dir, console)
         if outcome.analysis:
             manifest["analysis"] = str(outcome.analysis.relative_to(run_dir))
@@ -125,6 +157,29 @@ def capture(
             console.print(f"[yellow]recprof: {escape(outcome.note)}[/]")
         write_manifest(run_dir, manifest)
     raise typer.Exit(exit_status(console, manifest, job.returncode))
+
+
+def _check_on_demand(on_demand: bool, auto: float | None, wait: str) -> None:
+    """The options that only make sense with, or without, --on-demand."""
+    if auto is not None and not on_demand:
+        raise RecprofError("--auto records the windows of an --on-demand capture: add "
+                           "--on-demand")
+    if auto is not None and auto <= 1.0:
+        raise RecprofError(f"--auto {auto:g}: the slowdown factor must be above 1 (1.3 "
+                           "records steps 30% slower than the settled ones)")
+    if on_demand and wait != layout.AUTO:
+        raise RecprofError("--wait places the one window of a capture without --on-demand; "
+                           "an --on-demand window starts when `recprof trigger` asks for it")
+
+
+def _armed_line(run_dir: Path, schedule: Schedule) -> str:
+    """What an --on-demand capture will record, and how to ask for it."""
+    text = (f"armed on every rank; `recprof trigger {run_dir}` records the next "
+            f"{schedule.active} steps")
+    if schedule.auto_slowdown is not None:
+        text += (f"; a baseline window once the steps settle, then up to {schedule.max_windows}"
+                 f" whenever they run {schedule.auto_slowdown:g}x slower")
+    return text
 
 
 def _wait(option: str) -> int | None:
@@ -143,7 +198,7 @@ def _wait(option: str) -> int | None:
 def exit_status(console: Console, manifest: dict[str, Any], job_returncode: int) -> int:
     """The job's status, unless it is 0 and nothing was captured: a run without a trace must
     not pass for a successful capture in a script or CI. The reason goes to stderr."""
-    if manifest["captured"]["traces"]:
+    if manifest["captured"]["traces"] or (manifest.get("capture") or {}).get("on_demand"):
         return job_returncode
     code = job_returncode or NO_TRACE_EXIT
     reasons = manifest["missing"] or ["no rank said why"]
@@ -172,7 +227,8 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
         table.add_row(
             str(r["rank"]),
             str(r["steps_logged"]),
-            "yes" if r["trace"] else "[red]no[/]",
+            "yes" if r["trace"] else
+            "armed" if r.get("profiler") == ProfilerStatus.ARMED else "[red]no[/]",
             f"{r['trace_bytes'] / 1e6:.1f}" if r.get("trace_bytes") else "-",
             str(r["trace_events"] or "-"),
             f"{steps[0]}-{steps[1]}" if steps else "-",

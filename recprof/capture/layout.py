@@ -24,6 +24,12 @@ ENV_WAIT = "RECPROF_CAPTURE_WAIT"
 ENV_WARMUP = "RECPROF_CAPTURE_WARMUP"
 ENV_ACTIVE = "RECPROF_CAPTURE_ACTIVE"
 ENV_WITH_STACK = "RECPROF_CAPTURE_WITH_STACK"
+ENV_MAX_WAIT = "RECPROF_CAPTURE_MAX_WAIT"
+# `--on-demand`: "1" arms the ranks (nothing recorded until a trigger); `--auto SLOWDOWN` and
+# `--max-windows K` ride along.
+ENV_ON_DEMAND = "RECPROF_CAPTURE_ON_DEMAND"
+ENV_AUTO_SLOWDOWN = "RECPROF_CAPTURE_AUTO_SLOWDOWN"
+ENV_MAX_WINDOWS = "RECPROF_CAPTURE_MAX_WINDOWS"
 ENV_LAUNCHER_PID = "RECPROF_CAPTURE_LAUNCHER_PID"
 # Set by the process that activated; its children (DataLoader/compile workers) stay quiet.
 ENV_OWNER = "RECPROF_CAPTURE_OWNER"
@@ -62,6 +68,7 @@ class ProfilerStatus(enum.StrEnum):
     STEPPED_ASIDE = "stepped_aside"  # the job runs its own profiler
     NOT_REACHED = "not_reached"  # the rank ended before the window
     FAILED = "failed"  # the profiler raised; no trace
+    ARMED = "armed"  # --on-demand: no profiler until a window; each window has its own status
 
 
 class ExitStatus(enum.StrEnum):
@@ -96,6 +103,8 @@ class EventKind(enum.StrEnum):
     TRACE = "trace"  # the trace file is written
     ASIDE = "aside"  # capture stepped aside
     EXIT = "exit"
+    SCHEDULED = "scheduled"  # --on-demand: a window is decided (its steps, why)
+    ANSWERED = "answered"  # --on-demand: a `recprof trigger` request accepted or refused
 
 
 #: Profiled steps below which a reading carries single steps' jitter: on a shared 2-core host,
@@ -112,6 +121,10 @@ STEADY_PROFILED_STEPS = 15
 AUTO_WAIT_CAP = 30
 #: How `--wait auto` reads in options and in the environment.
 AUTO = "auto"
+#: `--on-demand --auto`: slowdown windows recorded per run at most (`--max-windows`), besides
+#: the baseline. A job that keeps slowing down and recovering is shown by its first few
+#: episodes; more would fill the disk with traces of the same thing.
+MAX_AUTO_WINDOWS = 3
 
 
 class WindowStart(enum.StrEnum):
@@ -138,27 +151,44 @@ class Schedule:
     active: int = 5
     with_stack: bool = False
     max_wait: int = AUTO_WAIT_CAP
+    # --on-demand: windows are recorded when asked (`recprof trigger`) or, with `auto_slowdown`,
+    # when the steps slow down (capture/on_demand.py); `active` and `warmup` are each window's.
+    on_demand: bool = False
+    auto_slowdown: float | None = None
+    max_windows: int = MAX_AUTO_WINDOWS
 
     @classmethod
     def from_env(cls) -> Schedule:
         """Read what the launcher put in the environment (`to_env`)."""
         default = cls()
         wait = os.environ.get(ENV_WAIT, AUTO)
+        slowdown = os.environ.get(ENV_AUTO_SLOWDOWN)
         return cls(
             wait=None if wait == AUTO else int(wait),
             warmup=int(os.environ.get(ENV_WARMUP, default.warmup)),
             active=int(os.environ.get(ENV_ACTIVE, default.active)),
             with_stack=os.environ.get(ENV_WITH_STACK) == "1",
+            max_wait=int(os.environ.get(ENV_MAX_WAIT, default.max_wait)),
+            on_demand=os.environ.get(ENV_ON_DEMAND) == "1",
+            auto_slowdown=float(slowdown) if slowdown else None,
+            max_windows=int(os.environ.get(ENV_MAX_WINDOWS, default.max_windows)),
         )
 
     def to_env(self) -> dict[str, str]:
         """The environment variables that carry this schedule to the ranks."""
-        return {
+        env = {
             ENV_WAIT: AUTO if self.wait is None else str(self.wait),
             ENV_WARMUP: str(self.warmup),
             ENV_ACTIVE: str(self.active),
             ENV_WITH_STACK: "1" if self.with_stack else "0",
+            ENV_MAX_WAIT: str(self.max_wait),
         }
+        if self.on_demand:
+            env[ENV_ON_DEMAND] = "1"
+            env[ENV_MAX_WINDOWS] = str(self.max_windows)
+            if self.auto_slowdown is not None:
+                env[ENV_AUTO_SLOWDOWN] = repr(self.auto_slowdown)
+        return env
 
     @property
     def auto(self) -> bool:
@@ -203,6 +233,99 @@ class Schedule:
         return self.wait
 
 
+class WindowReason(enum.StrEnum):
+    """Why an on-demand window was recorded (its folder's name ends with it)."""
+
+    TRIGGER = "trigger"  # `recprof trigger RUN`
+    BASELINE = "baseline"  # --auto: the settled steps, recorded first to compare with
+    SLOWDOWN = "slowdown"  # --auto: the steps' rolling median rose above SLOWDOWN x the baseline
+
+
+class WindowStatus(enum.StrEnum):
+    """One rank's part in an on-demand window (its metadata's `windows[name].status`)."""
+
+    SCHEDULED = "scheduled"  # decided, before its warm-up
+    RECORDING = "recording"  # the profiler runs (warm-up or recorded steps)
+    WRITTEN = "written"  # the whole window is in the rank's trace file
+    PARTIAL = "partial"  # the rank ended inside the window; what it recorded was saved
+    FAILED = "failed"  # the profiler raised; no trace of this window
+    MISSED = "missed"  # the rank learned of the window after its first recorded step
+    NOT_ASKED = "not_asked"  # not among the window's ranks (`recprof trigger --ranks`)
+    NOT_REACHED = "not_reached"  # the rank ended before the window
+    STEPPED_ASIDE = "stepped_aside"  # the script started its own profiler
+
+
+#: A rank's window statuses after which it does nothing more for that window.
+WINDOW_FINAL = frozenset({WindowStatus.WRITTEN, WindowStatus.PARTIAL, WindowStatus.FAILED,
+                          WindowStatus.MISSED, WindowStatus.NOT_ASKED,
+                          WindowStatus.NOT_REACHED, WindowStatus.STEPPED_ASIDE})
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """One on-demand window as every rank of the job agreed on it (through the job's store,
+    capture/on_demand.py): the same steps on every rank, and why. Its folder is
+    `windows/<index:02d>-<reason>/` in each node's run folder."""
+
+    index: int  # 1, 2, ... in the order the job decided them
+    reason: WindowReason
+    first: int  # first recorded step
+    active: int  # recorded steps
+    warmup: int  # steps profiled and discarded before `first`
+    why: str  # one line: who or what asked for it
+    decided_at: int  # the step at whose boundary it was decided
+    decided_by: int  # the rank that decided it
+    ranks: tuple[int, ...] | None = None  # the ranks that record it; None: every rank
+    trigger: str | None = None  # the `recprof trigger` request it answers
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:02d}-{self.reason}"
+
+    @property
+    def start(self) -> int:
+        """The first warm-up step: the profiler exists from this step's boundary on."""
+        return self.first - self.warmup
+
+    @property
+    def end(self) -> int:
+        """First step after the window."""
+        return self.first + self.active
+
+    @property
+    def steps(self) -> list[int]:
+        """[first, last] recorded step."""
+        return [self.first, self.end - 1]
+
+    def asks(self, rank: int) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+    def schedule(self, base: Schedule) -> Schedule:
+        """The window as a decided `Schedule` (what the profiler's schedule callable reads)."""
+        return dataclasses.replace(base, wait=self.start, warmup=self.warmup, active=self.active)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["ranks"] = list(self.ranks) if self.ranks is not None else None
+        return {"name": self.name, "steps": self.steps, **data}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WindowSpec:
+        """The spec a `to_json` wrote (extra keys, added by the launcher, are ignored)."""
+        ranks = data.get("ranks")
+        return cls(
+            index=int(data["index"]), reason=WindowReason(data["reason"]),
+            first=int(data["first"]), active=int(data["active"]), warmup=int(data["warmup"]),
+            why=str(data["why"]), decided_at=int(data["decided_at"]),
+            decided_by=int(data["decided_by"]),
+            ranks=tuple(int(r) for r in ranks) if ranks is not None else None,
+            trigger=data.get("trigger"),
+        )
+
+
 TRACES = "traces"
 STEPS = "steps"
 META = "meta"
@@ -211,6 +334,40 @@ MANIFEST = "manifest.json"
 ANALYSIS = "analysis.json"
 REPORT = "report.html"
 TRACE_SUFFIX = ".pt.trace.json"
+
+
+WINDOWS = "windows"
+WINDOW_FILE = "window.json"
+COMPARISON = "compare.json"
+COMPARISON_HTML = "compare.html"
+TRIGGERS = "triggers"
+
+
+def window_dir(run_dir: Path, name: str) -> Path:
+    """An on-demand window's folder: `windows/<name>/` holding `window.json`, `traces/` (one
+    file per rank, named as a run's) and, after the job, its analysis, report and
+    comparison with the baseline window."""
+    return run_dir / WINDOWS / name
+
+
+def window_folders(run_dir: Path) -> list[Path]:
+    """The run's window folders, in the order they were recorded."""
+    root = run_dir / WINDOWS
+    return sorted(p for p in root.iterdir() if (p / WINDOW_FILE).is_file()) \
+        if root.is_dir() else []
+
+
+def trigger_request_path(run_dir: Path, trigger_id: str) -> Path:
+    """`recprof trigger` asks the node's ranks for a window by writing this file."""
+    return run_dir / TRIGGERS / f"{trigger_id}.request.json"
+
+
+def trigger_answer_path(run_dir: Path, trigger_id: str) -> Path:
+    """The rank that took a request up writes its answer here: the window, or why not."""
+    return run_dir / TRIGGERS / f"{trigger_id}.answer.json"
+
+
+REQUEST_SUFFIX = ".request.json"
 
 
 def trace_name(rank: int, host: str) -> str:

@@ -19,8 +19,9 @@ from typing import Any
 
 from recprof.capture import layout, torchrun_record
 from recprof.capture.launcher import JobResult
-from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule
+from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule, WindowStatus
 from recprof.capture.window_check import SETTLE_BLOCK, check_window
+from recprof.capture.windows import window_entries
 from recprof.trace.reader import TraceFileError, read_trace
 
 SCHEMA = "recprof.capture.manifest/1"
@@ -50,9 +51,10 @@ def build_manifest(
         )
     window = (
         check_window([layout.read_step_log(run_dir, m["rank"]) for m in metas], schedule)
-        if job is not None
+        if job is not None and not schedule.on_demand
         else None
     )
+    windows = window_entries(run_dir, metas, schedule) if schedule.on_demand else None
     return {
         "schema": SCHEMA,
         "status": _status(job),
@@ -66,6 +68,7 @@ def build_manifest(
             "window_start": _window_start(metas),
             "record_shapes": True,
             "with_stack": schedule.with_stack,
+            **_on_demand_options(schedule),
         },
         "host": socket.gethostname(),
         "started_at": job.started_at if job else time.time(),
@@ -76,7 +79,8 @@ def build_manifest(
         "leftover_processes_killed": job.leftovers_killed if job else False,
         "world_size": world,
         "captured": {
-            "traces": sum(1 for r in ranks if r["trace"]),
+            "traces": (sum(w["traces"] for w in windows) if windows is not None
+                       else sum(1 for r in ranks if r["trace"])),
             "step_logs": sum(1 for r in ranks if r["steps_logged"]),
             "meta": len(ranks),
         },
@@ -84,9 +88,18 @@ def build_manifest(
         "missing": missing,
         "exit_explanation": _exit_explanation(ranks, job),
         "window_check": window.to_json() if window is not None else None,
+        "windows": windows,
         "analysis": None,
         "report": None,
     }
+
+
+def _on_demand_options(schedule: Schedule) -> dict[str, Any]:
+    """`capture`'s on-demand options: the fixed window's keys then describe each window."""
+    if not schedule.on_demand:
+        return {"on_demand": False}
+    return {"on_demand": True, "auto_slowdown": schedule.auto_slowdown,
+            "max_windows": schedule.max_windows if schedule.auto_slowdown else None}
 
 
 def _window_steps(metas: list[dict[str, Any]], schedule: Schedule) -> list[int] | None:
@@ -169,8 +182,17 @@ def _rank_entry(
     reason = _missing_reason(meta, ended, steps_logged)
     if reason:
         entry["missing"] = reason
-    entry["outcome"] = reason or "trace complete" + _death_clause(ended)
+    entry["outcome"] = reason or _complete(meta) + _death_clause(ended)
     return entry
+
+
+def _complete(meta: dict[str, Any]) -> str:
+    """What a rank that lacks nothing recorded: its trace, or (armed) its windows."""
+    if meta.get("profiler", {}).get("status") != ProfilerStatus.ARMED:
+        return "trace complete"
+    windows = meta.get("windows") or {}
+    written = sum(w.get("status") == WindowStatus.WRITTEN for w in windows.values())
+    return f"armed; {written} window{'s' if written != 1 else ''} written"
 
 
 def _exit_record(
@@ -265,7 +287,7 @@ def _missing_reason(
     prof = meta.get("profiler", {})
     status = prof.get("status")
     first, last = meta.get("window_steps") or [None, None]
-    if status == ProfilerStatus.WRITTEN:
+    if status in (ProfilerStatus.WRITTEN, ProfilerStatus.ARMED):
         return None
     if status == ProfilerStatus.PARTIAL:
         got = prof.get("steps", ["?", "?"])

@@ -16,6 +16,11 @@ not inside it: torch runs the post-hooks inside the step's own `Optimizer.step#.
 a profiler stopped while that range and one of the job's own (TorchRec's `## optimizer ##`, the
 trainer's `nestpipe:optimizer`) are both open prints a C++ warning per rank into the job's
 output ("collection.cpp: Warning: Optimizer.step#Adagrad.step").
+
+Under `--on-demand` there is no profiler between windows: each window (decided by
+capture/on_demand.py) creates one at its first warm-up step, numbered from that step so that
+`ProfilerStep#N` is still step N, and drops it after the export into the window's folder. The
+rank's metadata keeps the profiler `armed` and says how each window went (`windows`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,16 @@ from types import FrameType
 from typing import Any
 
 from recprof.capture import layout
-from recprof.capture.layout import EventKind, Phase, ProfilerStatus, Schedule, WindowStart
+from recprof.capture.layout import (
+    EventKind,
+    Phase,
+    ProfilerStatus,
+    Schedule,
+    WindowSpec,
+    WindowStart,
+    WindowStatus,
+)
+from recprof.capture.on_demand import OnDemand
 from recprof.capture.rank_meta import RankMeta
 from recprof.capture.rank_voice import RankVoice
 from recprof.capture.settle import Decision, SettleWatch, job_agreement
@@ -65,7 +79,14 @@ class ProfilerWindow:
         self.schedule = schedule
         self.window: Schedule | None = None
         self.settle: SettleWatch | None = None
-        if schedule.wait is None:
+        # --on-demand: what decides the windows, the one installed, and how many are over
+        self.on_demand: OnDemand | None = None
+        self.spec: WindowSpec | None = None
+        self.windows_over = 0
+        if schedule.on_demand:
+            self.on_demand = OnDemand(run_dir, voice.rank, schedule, voice,
+                                      lambda: job_agreement(self.torch))
+        elif schedule.wait is None:
             self.settle = SettleWatch(schedule, lambda: job_agreement(self.torch))
         else:
             self._decide(Decision(schedule.wait, WindowStart.FIXED, "the --wait option",
@@ -75,7 +96,17 @@ class ProfilerWindow:
         """A step's phase for the step log."""
         if self.meta.profiler_status in (ProfilerStatus.STEPPED_ASIDE, ProfilerStatus.FAILED):
             return Phase.UNPROFILED
+        if self.on_demand is not None:
+            window = self.window
+            if window is not None and step >= self.spec_start:
+                return window.phase(step)
+            return Phase.AFTER if self.windows_over else Phase.WAIT
         return self.window.phase(step) if self.window is not None else Phase.WAIT
+
+    @property
+    def spec_start(self) -> int:
+        """The installed on-demand window's first warm-up step."""
+        return self.spec.start if self.spec is not None else -1
 
     def watch(self, torch: Any) -> None:
         """Take torch, and wrap the profilers a script can start itself so that ours steps aside
@@ -108,6 +139,9 @@ class ProfilerWindow:
         advance it at the others. A profiler failure costs this rank its trace, never the
         training job."""
         self.step = step
+        if self.on_demand is not None:
+            self._armed_boundary(step, finished_job_s)
+            return
         if self.settle is not None and self.window is None:
             decision = self.settle.at_boundary(step, finished_job_s)
             if decision is not None:
@@ -123,6 +157,64 @@ class ProfilerWindow:
             self.prof = None
             self.meta.set_profiler(status=ProfilerStatus.FAILED, error=error)
 
+    def _armed_boundary(self, step: int, finished_job_s: float | None) -> None:
+        """--on-demand: let the windows' side look for work, install the next window when
+        idle, and create, advance or end its profiler."""
+        assert self.on_demand is not None
+        if step == 0:
+            self.meta.record_runtime(self.torch)
+            self.meta.set_profiler(status=ProfilerStatus.ARMED)
+        idle = step > 0 and self.phase_of(step - 1) in (Phase.WAIT, Phase.AFTER)
+        self.on_demand.at_boundary(step, finished_job_s, idle)
+        if self.spec is None and self.meta.profiler_status == ProfilerStatus.ARMED:
+            spec = self.on_demand.take(step)
+            if spec is not None:
+                self._install(spec, step)
+        try:
+            if self.prof is not None:
+                self._advance()
+            elif self.window is not None and step >= self.spec_start:
+                self._start(step)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.voice.warn(f"profiler failed, no trace of this window from this rank: {error}")
+            self.prof = None
+            self._window_over(WindowStatus.FAILED, error=error)
+
+    def _install(self, spec: WindowSpec, step: int) -> None:
+        """Make `spec` this rank's next window, unless it does not ask this rank or was
+        learned of too late to record its first step (then say so and move on)."""
+        name = spec.name
+        if not spec.asks(self.voice.rank):
+            self.meta.set_window_record(name, status=WindowStatus.NOT_ASKED, steps=spec.steps)
+        elif step > spec.first:
+            self.meta.set_window_record(
+                name, status=WindowStatus.MISSED, steps=spec.steps,
+                error=f"learned of the window at step {step}, after its first recorded step "
+                      f"{spec.first}")
+            self.voice.warn(f"window {name} missed: learned of it at step {step}, after its "
+                            f"first recorded step {spec.first}")
+        else:
+            self.spec = spec
+            self.window = spec.schedule(self.schedule)
+            self.partial = False
+            self.meta.set_window_record(name, status=WindowStatus.SCHEDULED, steps=spec.steps)
+            return
+        self.windows_over += 1
+        assert self.on_demand is not None
+        self.on_demand.finished()
+
+    def _window_over(self, status: WindowStatus | None, **fields: Any) -> None:
+        """--on-demand: the installed window is done (its record gets `status` unless None:
+        the export wrote it); back to armed and idle."""
+        if self.spec is not None and status is not None:
+            self.meta.set_window_record(self.spec.name, status=status, **fields)
+        self.spec = None
+        self.window = None
+        self.windows_over += 1
+        if self.on_demand is not None:
+            self.on_demand.finished()
+
     def step_aside(self, reason: str) -> None:
         """The script profiles itself: stop ours (keeping what it recorded) and say so."""
         if self.meta.profiler_status in _SETTLED:
@@ -132,6 +224,10 @@ class ProfilerWindow:
                 self.partial = True
             self.prof.stop()
             self.prof = None
+        if self.on_demand is not None:
+            self.on_demand.stop(f"the script runs its own profiler ({reason})")
+            if self.spec is not None:
+                self._window_over(None if self.partial else WindowStatus.STEPPED_ASIDE)
         self.voice.warn(
             f"this script runs its own profiler ({reason}); recprof steps aside: no recprof "
             "trace from this rank, step times and metadata are still collected"
@@ -148,26 +244,37 @@ class ProfilerWindow:
         """The rank is ending: save a partial trace if recording, or say the window was not
         reached."""
         status = self.meta.profiler_status
-        if self.prof is not None and self._recording():
+        recording = self.prof is not None and self._recording()
+        if recording:
             self.partial = True
             try:
                 self.prof.stop()
             except Exception as exc:
-                self.meta.set_profiler(
-                    status=ProfilerStatus.FAILED, error=f"{type(exc).__name__}: {exc}"
-                )
+                self._failed(f"{type(exc).__name__}: {exc}")
         elif status in (ProfilerStatus.WAITING, ProfilerStatus.NOT_STARTED):
             self.meta.set_profiler(status=ProfilerStatus.NOT_REACHED)
         self.prof = None
+        if self.spec is not None:  # --on-demand: saved above, or ended before its recording
+            self._window_over(None if recording else WindowStatus.NOT_REACHED)
 
     def _recording(self) -> bool:
         return self.prof.current_action.name.startswith("RECORD")
 
-    def _start(self) -> None:
+    def _failed(self, error: str) -> None:
+        """The profiler raised: this rank's trace (of this window, under --on-demand) is lost."""
+        if self.on_demand is not None:
+            self._window_over(WindowStatus.FAILED, error=error)
+        else:
+            self.meta.set_profiler(status=ProfilerStatus.FAILED, error=error)
+
+    def _start(self, step: int = 0) -> None:
+        """Create and start the profiler at the boundary of step `step` (0, or an on-demand
+        window's first warm-up step): its steps are numbered from there."""
         torch = self.torch
-        self.meta.record_runtime(torch)
-        if self.meta.profiler_status == ProfilerStatus.NOT_STARTED:
-            self.meta.set_profiler(status=ProfilerStatus.WAITING)
+        if self.on_demand is None:
+            self.meta.record_runtime(torch)
+            if self.meta.profiler_status == ProfilerStatus.NOT_STARTED:
+                self.meta.set_profiler(status=ProfilerStatus.WAITING)
         if torch._C._autograd._profiler_enabled():
             self.step_aside("a profiler already running on this thread")
             return
@@ -185,8 +292,12 @@ class ProfilerWindow:
             experimental_config=_all_threads(torch),
             **_one_cycle(torch),
         )
+        if step:
+            _number_from(self.prof, step, self._action(step))
         self.prof.preset_metadata_json("recprof_capture", f'{{"rank": {self.voice.rank}}}')
         self.prof.start()
+        if self.spec is not None:
+            self.meta.set_window_record(self.spec.name, status=WindowStatus.RECORDING)
 
     def _decide(self, decision: Decision, announce: bool = True) -> None:
         """The window starts its warm-up at step `decision.wait`: say when and why."""
@@ -213,9 +324,12 @@ class ProfilerWindow:
     def _advance(self) -> None:
         window = self.window
         if window is not None and self.step == window.first_active:
-            self.meta.record_runtime(self.torch)  # the process group surely exists by now
-            self.meta.set_profiler(status=ProfilerStatus.RECORDING)
-            self.voice.event(EventKind.WINDOW, step=self.step)
+            if self.spec is not None:
+                self.voice.event(EventKind.WINDOW, step=self.step, window=self.spec.name)
+            else:
+                self.meta.record_runtime(self.torch)  # the process group surely exists by now
+                self.meta.set_profiler(status=ProfilerStatus.RECORDING)
+                self.voice.event(EventKind.WINDOW, step=self.step)
         if window is None or self.step < window.end:
             self.prof.step()
             return
@@ -235,14 +349,19 @@ class ProfilerWindow:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.voice.warn(f"profiler failed, no trace from this rank: {error}")
-            self.meta.set_profiler(status=ProfilerStatus.FAILED, error=error)
+            self._failed(error)
         finally:
             self.prof = None
+            if self.spec is not None:  # exported (its record says how) or failed above
+                self._window_over(None)
             self.charge_hook(time.perf_counter() - started)
 
     def _export(self, prof: Any) -> None:
         """on_trace_ready: write the trace via a temporary name so no half file is ever seen."""
-        path = self.run_dir / layout.TRACES / layout.trace_name(self.voice.rank, self.host)
+        spec = self.spec
+        folder = self.run_dir if spec is None else layout.window_dir(self.run_dir, spec.name)
+        path = folder / layout.TRACES / layout.trace_name(self.voice.rank, self.host)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         prof.export_chrome_trace(str(tmp))
         os.replace(tmp, path)
@@ -251,13 +370,28 @@ class ProfilerWindow:
         first = window.first_active
         last = min(self.step, window.end - 1)
         size = path.stat().st_size
-        self.meta.set_profiler(
-            status=ProfilerStatus.PARTIAL if self.partial else ProfilerStatus.WRITTEN,
-            trace=str(path.relative_to(self.run_dir)),
-            bytes=size,
-            steps=[first, last],
-        )
-        self.voice.event(EventKind.TRACE, bytes=size, steps=[first, last], partial=self.partial)
+        written = {"trace": str(path.relative_to(self.run_dir)), "bytes": size,
+                   "steps": [first, last]}
+        if spec is None:
+            self.meta.set_profiler(
+                status=ProfilerStatus.PARTIAL if self.partial else ProfilerStatus.WRITTEN,
+                **written)
+        else:
+            self.meta.set_window_record(
+                spec.name, status=WindowStatus.PARTIAL if self.partial else WindowStatus.WRITTEN,
+                **written)
+        self.voice.event(EventKind.TRACE, bytes=size, steps=[first, last], partial=self.partial,
+                         **({"window": spec.name} if spec is not None else {}))
+
+
+def _number_from(prof: Any, step: int, action: Any) -> None:
+    """Make a profiler created at step `step` count its steps from there (torch numbers them
+    from 0 at construction), so its first step is `ProfilerStep#<step>` and its schedule is
+    asked about the job's own step numbers."""
+    prof.step_num = step
+    prof.current_action = action
+    if hasattr(prof, "_prev_schedule_action"):  # torch >= 2.10 keeps the schedule's last word
+        prof._prev_schedule_action = action
 
 
 def _optimizer_step_frame() -> FrameType | None:

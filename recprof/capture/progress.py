@@ -58,15 +58,26 @@ def describe(event: dict[str, Any]) -> str | None:
         detail = escape(str(event.get("detail", "")))
         return (f"{who} warming the profiler up from step {event.get('step')}, recording from "
                 f"step {event.get('first')} ({why}: {detail})")
+    window = f"window {escape(str(event['window']))} " if event.get("window") else ""
     if kind == EventKind.WINDOW:
-        return f"{who} recording from step {event.get('step')}"
+        return f"{who} {window}recording from step {event.get('step')}"
     if kind == EventKind.TRACE:
         first, last = event.get("steps", ["?", "?"])
         partial = " [yellow](partial: the rank ended inside the window)[/]"
         size = event.get("bytes", 0) / 1e6
-        return f"{who} trace written, steps {first}-{last}, {size:.1f} MB" + (
+        return f"{who} {window}trace written, steps {first}-{last}, {size:.1f} MB" + (
             partial if event.get("partial") else ""
         )
+    if kind == EventKind.SCHEDULED:
+        first, last = event.get("steps", ["?", "?"])
+        return (f"{who} {window}will record steps {first}-{last} (warm-up from step "
+                f"{event.get('start')}): {escape(str(event.get('why', '')))}")
+    if kind == EventKind.ANSWERED:
+        if event.get("accepted"):
+            return (f"{who} trigger {escape(str(event.get('trigger')))} accepted: "
+                    f"{window}").rstrip()
+        return (f"{who} [yellow]trigger {escape(str(event.get('trigger')))} refused:[/] "
+                f"{escape(str(event.get('reason')))}")
     if kind == EventKind.ASIDE:
         reason = escape(str(event.get("reason")))
         return f"{who} [yellow]the script runs its own profiler ({reason}); capture steps aside[/]"

@@ -93,6 +93,13 @@ class RankMeta:
         self.data["window_start"] = start
         self.write()
 
+    def set_window_record(self, name: str, **fields: Any) -> None:
+        """--on-demand: this rank's part in window `name` (`windows[name]`: status, steps,
+        trace, bytes, why it was missed...); fields given as None are left out."""
+        record = self.data.setdefault("windows", {}).setdefault(name, {})
+        record.update({k: v for k, v in fields.items() if v is not None})
+        self.write()
+
     def set_step_source(self, source: StepSource) -> None:
         self.data["step_source"] = source
         self.write()

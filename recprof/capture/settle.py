@@ -16,6 +16,11 @@ recording is decided. The boundary is a point every rank reaches after the work 
 before it, so the short wait for the slowest rank cannot deadlock a job whose steps each finish
 their own collectives; a rank that does not answer within `AGREEMENT_TIMEOUT_S` (hung, dead)
 ends the agreement, and every rank that saw it decides alone from then on and says so.
+
+On-demand capture (capture/on_demand.py) agrees through the same store: a window is a key that
+the first rank to propose it writes (`propose`, the store's compare-and-set) and every other
+rank reads (`peek`), so whatever proposes a window (a trigger seen by one rank, a slowdown
+seen by another) all ranks record the one that stood.
 """
 
 from __future__ import annotations
@@ -34,15 +39,23 @@ from recprof.capture.window_check import Settling, settling
 #: slowest steps seen (the time-sliced H100 runs: 0.8 s) many times over.
 AGREEMENT_TIMEOUT_S = 60.0
 _KEY_PREFIX = "recprof/capture/wait"
+_VALUE_PREFIX = "recprof/capture/value"
 
 
 class Agreement(Protocol):
-    """How the ranks agree at a boundary: `all_ready(step, ready)` is True when every rank is
-    ready at `step`, False when one is not, None when the agreement has broken down."""
+    """How the ranks agree. `all_ready(step, ready)` is True when every rank is ready at
+    `step`, False when one is not, None when the agreement has broken down. `propose(name,
+    value)` sets a value once for the whole job and returns the one that stands (the first
+    proposed); `peek(name)` reads it, None while nobody has proposed one. Both raise when the
+    agreement has broken down."""
 
     scope: str  # how the ranks agreed, for the metadata
 
     def all_ready(self, step: int, ready: bool) -> bool | None: ...
+
+    def propose(self, name: str, value: str) -> str: ...
+
+    def peek(self, name: str) -> str | None: ...
 
 
 class Alone:
@@ -50,8 +63,17 @@ class Alone:
 
     scope = "this rank alone (world size 1 or no process group)"
 
+    def __init__(self) -> None:
+        self._values: dict[str, str] = {}
+
     def all_ready(self, step: int, ready: bool) -> bool | None:
         return ready
+
+    def propose(self, name: str, value: str) -> str:
+        return self._values.setdefault(name, value)
+
+    def peek(self, name: str) -> str | None:
+        return self._values.get(name)
 
 
 class StoreAgreement:
@@ -80,6 +102,19 @@ class StoreAgreement:
             return self.store.get(f"{key}/all") == b"1"
         except Exception:  # a timeout, a store gone with a dead rank: decide alone from now
             return None
+
+    def propose(self, name: str, value: str) -> str:
+        """Compare-and-set on a key no one has written: one store round trip."""
+        return self.store.compare_set(self._value_key(name), "", value).decode()
+
+    def peek(self, name: str) -> str | None:
+        """One store round trip while the key is absent, two once it is there."""
+        key = self._value_key(name)
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    @staticmethod
+    def _value_key(name: str) -> str:
+        return f"{_VALUE_PREFIX}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
 
 
 class _Abandoned(Alone):

@@ -211,14 +211,20 @@ def test_protocol_words_are_the_documented_strings() -> None:
     """The status vocabulary is written to JSON and read by other tools: its values are fixed."""
     assert list(ProfilerStatus) == [
         "not_started", "waiting", "recording", "written", "partial", "stepped_aside",
-        "not_reached", "failed",
+        "not_reached", "failed", "armed",
     ]
+    assert list(layout.WindowStatus) == [
+        "scheduled", "recording", "written", "partial", "failed", "missed", "not_asked",
+        "not_reached", "stepped_aside",
+    ]
+    assert list(layout.WindowReason) == ["trigger", "baseline", "slowdown"]
     assert list(ExitStatus) == [
         "completed", "exception", "interrupted", "signal", "aborted_at_exit", "fatal_signal",
         "killed",
     ]
     assert list(layout.StepSource) == ["optimizer", "forward", "manual"]
     assert list(Phase) == ["wait", "warmup", "active", "after", "unprofiled"]
+    assert [str(k) for k in layout.EventKind][-2:] == ["scheduled", "answered"]
     assert json.dumps({"status": ProfilerStatus.STEPPED_ASIDE}) == '{"status": "stepped_aside"}'
 
 
