@@ -37,18 +37,31 @@ class DeviceFacts:
     #: What lets several processes' kernels run on one device at once instead of in time
     #: slices, where the vendor has one: the advice for ranks that share one.
     concurrent_sharing: str | None = None
+    #: The runtime calls in which the host blocks until its device has caught up (a stream or
+    #: device synchronize, a synchronous copy): time the host is ahead of the device, in which
+    #: host work a change adds can hide (whatif/device.py).
+    host_waits: frozenset[str] = frozenset()
 
 
 _FACTS: dict[DeviceKind, DeviceFacts] = {
     DeviceKind.CUDA: DeviceFacts("GPU", "NCCL", "SM", queues_work=True, kind_name="CUDA",
-                                 work="kernels", concurrent_sharing="the CUDA MPS daemon"),
+                                 work="kernels", concurrent_sharing="the CUDA MPS daemon",
+                                 host_waits=frozenset({
+                                     "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                     "cudaEventSynchronize", "cudaMemcpy"})),
     DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True, kind_name="ROCm",
-                                 work="kernels"),
+                                 work="kernels",
+                                 host_waits=frozenset({
+                                     "hipStreamSynchronize", "hipDeviceSynchronize",
+                                     "hipEventSynchronize", "hipMemcpy"})),
     DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True,
                                  kind_name="MTIA", work="kernels"),
     DeviceKind.NPU: DeviceFacts("NPU", "HCCL", "AI Core", queues_work=True,
                                 kind_name="Ascend NPU", work="NPU tasks",
-                                viewer="MindStudio Insight"),
+                                viewer="MindStudio Insight",
+                                host_waits=frozenset({
+                                    "aclrtSynchronizeStream", "aclrtSynchronizeDevice",
+                                    "aclrtSynchronizeEvent"})),
     DeviceKind.CPU: DeviceFacts("main thread", "gloo", None, queues_work=False, kind_name="CPU",
                                 work="ops"),
 }

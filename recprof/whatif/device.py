@@ -19,8 +19,13 @@ predicted qcomms=bf16 at +45% where it measured -21%):
   prediction says so.
 
 A micro-batch repeats each of its stages' ops: on a CPU the shortest ops' time (their 10th
-percentile: dispatch and allocation), on a device that queues work the host's issue cost per op
-(the host issues every op of every micro-batch; the device's part splits with the batch).
+percentile: dispatch and allocation). On a device that queues work each repeated op costs the
+device its kernel floor (the memory line's), and the host its issue cost per op; the host's
+part shows only beyond the time the host already spends blocked on the device (`host_waits`
+of the device's facts: a stream synchronize, a synchronous copy), where it is ahead. On the
+H100 the recorded issue cost is 46 us an op and micro_batches=4 would add 18 ms of it per step,
+yet the step measured +1.8%: the host spent 20 ms of each step blocked in
+cudaStreamSynchronize, and 3 x 128 more kernels at a 1.4 us floor are +0.5 ms.
 Where the capture shows no such work (no elementwise kernel with known bytes, no traces) the
 price is unknown: the scenario is refused or says what it assumed, and how much.
 """
@@ -37,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from recprof import units
 from recprof.trace.devices import facts
 
 #: The stages micro-batching runs once per micro-batch (decode, dense forward and backward,
@@ -157,6 +163,7 @@ class RankOps:
 
     ops_per_step: dict[str, float]  # compute ops per step in each of MICRO_BATCH_STAGES
     op_floor_us: float  # the fixed cost of one of them (see the module docstring)
+    host_waits_us: float = 0.0  # per step, the host blocked until the device caught up
 
 
 @dataclass
@@ -224,6 +231,9 @@ def describe(costs: DeviceCosts) -> str:
     memory = costs.memory.describe() if costs.memory else "no elementwise kernel priced"
     issue = (f"the host issues an op in {costs.issue_us:.0f} us (median launch gap)"
              if costs.issue_us else "no launches to time the host's issue cost on")
+    if costs.ranks:
+        waits = statistics.median(ops.host_waits_us for ops in costs.ranks.values())
+        issue += f" and waits {units.duration(waits)} per step for its device (median rank)"
     return f"{device}: elementwise kernels {memory}; {issue}"
 
 
@@ -283,8 +293,9 @@ def _scan(path: Path, queued: bool, with_kernels: bool
     from recprof.trace.vocabulary import STAGES
 
     try:
-        kernels = _elementwise_kernels(path) if with_kernels else []
         trace = build_rank_trace(read_trace(path))
+        kernels, waits = (_device_work(path, facts(trace.header.device_kind).host_waits,
+                                       with_kernels) if queued else ([], []))
     except TraceFileError:
         return None
     windows, _ = step_windows(trace)
@@ -307,23 +318,35 @@ def _scan(path: Path, queued: bool, with_kernels: bool
             launches = launches[np.isfinite(launches)]
             gaps += np.diff(launches).tolist()
         floor = float(np.median(gaps)) if gaps else float("nan")
+        blocked = sum(min(end, w.end) - max(start, w.start)
+                      for start, end in waits for w in windows
+                      if start < w.end and end > w.start) / max(len(windows), 1)
     else:
         durations = acts.end[repeated] - acts.start[repeated]
         floor = float(np.quantile(durations, OP_FLOOR_QUANTILE))
-    return (RankOps(counts, floor) if np.isfinite(floor) else None), kernels, gaps
+    return ((RankOps(counts, floor, blocked if queued else 0.0) if np.isfinite(floor)
+             else None), kernels, gaps)
 
 
-def _elementwise_kernels(path: Path) -> list[tuple[float, float]]:
-    """(bytes, duration us) of each elementwise op of the trace that launched one kernel and
-    whose recorded shapes and types give its bytes."""
+def _device_work(path: Path, host_waits: frozenset[str], with_kernels: bool
+                 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """From the raw trace: (bytes, duration us) of each elementwise op that launched one
+    kernel and whose recorded shapes and types give its bytes (when `with_kernels`), and the
+    (start, end) of each runtime call in which the host waited for its device."""
     from recprof.trace import read_trace
 
     raw = read_trace(path)
     ops: dict[Any, float] = {}
     kernels: dict[Any, list[float]] = {}
+    waits: list[tuple[float, float]] = []
     for ev in raw.consume():
         cat = ev.cat.lower() if isinstance(ev.cat, str) else ""
-        if cat == "cpu_op" and ev.name in _ELEMENTWISE:
+        if ev.ph == "X" and ev.name in host_waits and isinstance(ev.ts, int | float) \
+                and isinstance(ev.dur, int | float):
+            waits.append((float(ev.ts), float(ev.ts) + float(ev.dur)))
+        elif not with_kernels:
+            continue
+        elif cat == "cpu_op" and ev.name in _ELEMENTWISE:
             args = raw.args(ev)
             if isinstance(args, dict) and (nbytes := _op_bytes(ev.name, args)) is not None:
                 ops[args.get("External id")] = nbytes
@@ -331,7 +354,8 @@ def _elementwise_kernels(path: Path) -> list[tuple[float, float]]:
             args = raw.args(ev)
             if isinstance(args, dict) and "External id" in args:
                 kernels.setdefault(args["External id"], []).append(float(ev.dur))
-    return [(ops[k], d[0]) for k, d in kernels.items() if k in ops and len(d) == 1 and d[0] > 0]
+    return ([(ops[k], d[0]) for k, d in kernels.items()
+             if k in ops and len(d) == 1 and d[0] > 0], waits)
 
 
 def _op_bytes(name: str, args: dict[str, Any]) -> float | None:

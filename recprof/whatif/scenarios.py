@@ -89,6 +89,9 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
 
     fwd_row, bwd_row, hsp_row = wire_bytes(scenario_cfg)
     captured = sorted(base.ranks)
+    held = base.held_per_collective()
+    steps = max(len(base.job.steps_analysed), 1)
+    added_handovers = 0.0
     for r in range(world):
         rb = base.ranks[captured[r % len(captured)]]
         c = {k: v * compute_scale for k, v in rb.compute_us.items()}
@@ -116,7 +119,7 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         ]
         fetch += [Post(coll(f"fwd{m}@{group}", "all_to_all", group, tr.rows_fwd[m] * fwd_row),
                        "embedding_a2a") for m in range(n)]
-        fixed = _fixed_per_pass(rb, c, costs)
+        fixed = _fixed_per_pass(rb, c, costs, n)
         per_pass = {stage: fixed[stage] + (c.get(stage, 0.0) - fixed[stage]) / n
                     for stage in MICRO_BATCH_STAGES}
         # Decoding a chunk into the row buffer: before the micro-batch that first uses it; with
@@ -169,6 +172,14 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                 name = coll(f"refresh{i}@{group}", "all_to_all", group, nbytes)
                 program += [Post(name, "embedding_a2a"), Wait(name, "embedding_a2a")]
         program += [Compute("other", c.get("other", 0.0) + rb.unattributed_us * compute_scale)]
+        if rb.rank in held:
+            # On a shared device each collective beyond the capture's hands the device over once
+            # more (Baseline.held_per_collective).
+            added = sum(isinstance(i, Wait) for i in program) - sum(
+                map(len, rb.bytes_by_purpose.values())) / steps
+            if added > 0:
+                program.append(Compute("other", added * held[rb.rank] * compute_scale))
+                added_handovers = max(added_handovers, added)
         programs[r] = program
     notes.append("the embedding optimizer half of `optimizer` (scaling with the rows it "
                  "updates) runs before the dense all-reduce wait, the dense half after it")
@@ -184,11 +195,19 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                      f"them on the wire{beside}, move at the fitted lines without the "
                      "calibrated contention")
     if n > 1:
-        floor = ("the host's issue cost per op (its median gap between launches, as "
-                 "recorded, scaled like the compute)" if costs.queues_work else
-                 "the ops' 10th-percentile duration")
-        notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat their "
-                     f"fixed per-op cost (ops per step x {floor}) and split the rest evenly")
+        if costs.queues_work:
+            kernel = (f"its kernel floor ({costs.memory.floor_us:.1f} us)" if costs.memory
+                      else "nothing (no elementwise kernel gives the device's floor: assumed "
+                      "free)")
+            notes.append("per micro-batch, the decode, dense and gradient-encode stages split "
+                         f"their device time evenly and each repeated kernel costs the device "
+                         f"{kernel}; the host's issue of the repeated ops (its median gap "
+                         "between launches, scaled like the compute) shows only beyond the "
+                         "time it spent blocked on the device per step")
+        else:
+            notes.append("per micro-batch, the decode, dense and gradient-encode stages repeat "
+                         "their fixed per-op cost (ops per step x the ops' 10th-percentile "
+                         "duration) and split the rest evenly")
     if dbp:
         where = ("after the first micro-batch's backward (the device queues work)"
                  if costs.queues_work else "before the first micro-batch (the host is the "
@@ -198,6 +217,12 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
                      "the update")
     if blocked is not None:
         notes.append(blocked)
+    if added_handovers:
+        queued = ", ".join(f"rank {r} {units.duration(v * compute_scale)}"
+                           for r, v in sorted(held.items()))
+        notes.append(f"{added_handovers:g} more collectives per step on the shared device, each "
+                     f"waiting as long as the capture's waited for the device per collective "
+                     f"({queued})")
     return Plan(programs, colls, notes)
 
 
@@ -259,24 +284,34 @@ def unknown_exchange_note(rb: RankBaseline, steps: int) -> list[str]:
             "trace does not name) keep their size"]
 
 
-def _fixed_per_pass(rb: RankBaseline, compute: dict[str, float], costs: DeviceCosts
-                    ) -> dict[str, float]:
-    """Each micro-batch stage's fixed cost per pass (its ops x the per-op fixed cost of the
-    device, device.py), scaled like the compute; 0 where the ops are not known. On a CPU it
-    is at most the stage's compute (its ops are the compute). On a device that queues work
-    the host issues each pass's ops whatever the batch, and a stage's recorded compute is the
-    device's share only (an H100's dense forward: 25 kernels in 0.65 ms, issued over 1.55 ms
-    of host time), so it is not capped."""
+def _fixed_per_pass(rb: RankBaseline, compute: dict[str, float], costs: DeviceCosts,
+                    n: int) -> dict[str, float]:
+    """Each micro-batch stage's fixed cost per pass at `n` micro-batches, scaled like the
+    compute; 0 where the ops are not known (device.py says where each price comes from).
+
+    On a CPU it is the stage's ops x their per-op floor, at most the stage's compute (its ops
+    are the compute). On a device that queues work the host and the device pay apart: each
+    repeated kernel costs the device its floor; the host issues each pass's ops whatever the
+    batch (an H100's dense forward: 25 kernels in 0.65 ms, issued over 1.55 ms of host time),
+    and that shows only beyond the time the host spent blocked on its device per step, where
+    it was ahead. The exposed host time is spread over the stages by their ops."""
     scale = {s: compute.get(s, 0.0) / rb.compute_us[s] if rb.compute_us.get(s) else 1.0
              for s in MICRO_BATCH_STAGES}
     ops = costs.ranks.get(rb.rank)
     if ops is None:
         return dict.fromkeys(MICRO_BATCH_STAGES, 0.0)
-    fixed = {s: ops.ops_per_step.get(s, 0.0) * ops.op_floor_us * scale[s]
-             for s in MICRO_BATCH_STAGES}
-    if costs.queues_work:
-        return fixed
-    return {s: min(fixed[s], compute.get(s, 0.0)) for s in MICRO_BATCH_STAGES}
+    count = {s: ops.ops_per_step.get(s, 0.0) for s in MICRO_BATCH_STAGES}
+    if not costs.queues_work:
+        return {s: min(count[s] * ops.op_floor_us * scale[s], compute.get(s, 0.0))
+                for s in MICRO_BATCH_STAGES}
+    kernel_floor = costs.memory.floor_us if costs.memory else 0.0
+    repeats = max(n - 1, 1)
+    issued = repeats * sum(count[s] * ops.op_floor_us * scale[s] for s in MICRO_BATCH_STAGES)
+    ahead = ops.host_waits_us * min(scale.values(), default=1.0)
+    exposed = max(issued - ahead, 0.0) / repeats
+    total = sum(count.values()) or 1.0
+    return {s: count[s] * kernel_floor * scale[s] + exposed * count[s] / total
+            for s in MICRO_BATCH_STAGES}
 
 
 def _ratio(a: float, b: float) -> float:
