@@ -38,7 +38,7 @@ def capture(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Run folder [default: recprof-runs/<time>-<command>]"),
+        typer.Option("--out", help="Run folder (default: recprof-runs/<time>-<command>)"),
     ] = None,
     wait: Annotated[
         str, typer.Option(help="Steps to skip before warming up, or `auto`: start once every "

@@ -48,9 +48,9 @@ def trigger(
                                         "--on-demand` (this node's, on a cluster).",
                                         show_default=False)],
     steps: Annotated[int | None, typer.Option(
-        min=1, help="Steps to record [default: the capture's --active].")] = None,
+        min=1, help="Steps to record (default: the capture's --active).")] = None,
     ranks: Annotated[str | None, typer.Option(
-        help="Only these ranks record: 0, 0-3 or 0,2,4-7 [default: every rank].")] = None,
+        help="Only these ranks record: 0, 0-3 or 0,2,4-7 (default: every rank).")] = None,
     timeout: Annotated[float, typer.Option(
         min=1.0, help="Seconds a rank may take to finish a step before it counts as not "
                       "responding.")] = DEFAULT_TIMEOUT_S,
