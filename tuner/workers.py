@@ -163,7 +163,12 @@ class Workers:
         self.study.enqueue_trial(dict(trial.params), user_attrs=role or None)
 
     def recover_abandoned(self) -> None:
-        """Trials left RUNNING by a dead worker on this host: mark them and run them again."""
+        """Trials left RUNNING by a dead worker on this host: mark them and run them again.
+        Only without heartbeats: with them the heartbeat check fails such a trial within its
+        grace period, and Optuna's retry keeps its history (`failed_trial`, `retry_history`);
+        two ways racing for one trial gave it either record by chance."""
+        if self.heartbeat_s is not None:
+            return
         host = socket.gethostname()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             worker = TrialRecord.load(t).worker or ""

@@ -11,7 +11,7 @@ processes and, where an accelerator exists, pinned memory, as a real input pipel
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +134,17 @@ def _hash_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
+@dataclass(frozen=True)
+class _Sparse:
+    """A slice of a batch's sparse side: bag lengths (features x samples), each id's position
+    in the Zipf order (feature-major, bag by bag), and the map from a per-bag value to its
+    slots' (a per-bag value minus the bag's start, repeated over the bag, plus the slot)."""
+
+    lengths: torch.Tensor
+    at: torch.Tensor
+    per_slot: Callable[[torch.Tensor], torch.Tensor]
+
+
 class SyntheticSource:
     """Recsys-like traffic with a planted signal, a pure function of (seed, stream, index).
 
@@ -193,14 +204,54 @@ class SyntheticSource:
         stream that would have to be advanced past the samples before lo.
         """
         cfg, dev = self.cfg, self.device
-        n, size, bag = hi - lo, cfg.batch_size, cfg.bag_size
-        nf, nd = cfg.num_features, cfg.num_dense
-        k_dense, k_length, k_id, k_coin = self._keys(stream, index)
+        n, bag, nd = hi - lo, cfg.bag_size, cfg.num_dense
+        k_dense, _, _, k_coin = self._keys(stream, index)
+        sparse = self._sparse(stream, index, lo, hi)
         sample = torch.arange(lo, hi, device=dev)
         # Dense: two 16-bit uniforms per value, summed: a triangle of unit variance.
         h = _bits(sample[:, None] * nd + torch.arange(nd, device=dev), k_dense)
         dense = ((((h & 0xFFFF) + (h >> 16) + 1).double() / 65536.0 - 1.0)
                  * 6.0 ** 0.5).float()
+        # Label: each bag's mean score, summed slot by slot and feature by feature in a fixed
+        # order; p = 1/2 + z / (2 sqrt(1 + z^2)) with z = logit / 2 has the logistic's slope
+        # at 0 and needs only IEEE-exact operations.
+        nbags = cfg.num_features * n
+        grid = torch.zeros(nbags, bag, dtype=torch.float64, device=dev)
+        grid.view(-1)[sparse.per_slot(torch.arange(nbags, device=dev) * bag)] = \
+            self.scores.index_select(0, sparse.at)
+        sums = grid[:, 0].clone()
+        for s in range(1, bag):
+            sums += grid[:, s]
+        means = (sums / sparse.lengths.reshape(-1)).view(cfg.num_features, n)
+        logit = torch.zeros(n, dtype=torch.float64, device=dev)
+        for d, w in enumerate(self.dense_w):
+            logit += dense[:, d].double() * w
+        for f in range(cfg.num_features):
+            logit += means[f]
+        z = logit * 0.5
+        p = 0.5 + 0.5 * z / torch.sqrt(1.0 + z * z)
+        coin = (_bits(sample, k_coin).double() + 0.5) / 4294967296.0
+        return Batch(dense=dense, ids=self.perm.index_select(0, sparse.at),
+                     lengths=sparse.lengths, labels=(coin < p).float())
+
+    def routing_batch(self, stream: int, index: int) -> Batch:
+        """Global batch `index` as routing sees it: the same ids and bag lengths as
+        `global_batch`, no dense features, labels 0. The what-if counts each knob's traffic
+        on the job's own batches (whatif/traffic.py); the dense values and labels it never
+        reads were most of the cost of a 128-rank job's batches."""
+        n = self.cfg.batch_size
+        sparse = self._sparse(stream, index, 0, n)
+        return Batch(dense=torch.zeros(n, 0, device=self.device),
+                     ids=self.perm.index_select(0, sparse.at), lengths=sparse.lengths,
+                     labels=torch.zeros(n, device=self.device))
+
+    def _sparse(self, stream: int, index: int, lo: int, hi: int) -> _Sparse:
+        """Samples [lo, hi)'s bag lengths and their ids' positions in the Zipf order."""
+        cfg, dev = self.cfg, self.device
+        n, size, bag = hi - lo, cfg.batch_size, cfg.bag_size
+        nf = cfg.num_features
+        _, k_length, k_id, _ = self._keys(stream, index)
+        sample = torch.arange(lo, hi, device=dev)
         feature = torch.arange(nf, device=dev)[:, None]
         lengths = 1 + ((_bits(feature * size + sample, k_length) * bag) >> 32)  # (nf, n)
         flat = lengths.reshape(-1)
@@ -219,25 +270,7 @@ class SyntheticSource:
         first, last = self.quantile.index_select(0, h >> _INSIDE_BITS).long().unbind(1)
         at = first + ((inside * (last - first + 1)) >> _INSIDE_BITS)
         at += torch.repeat_interleave(f_of * cfg.vocab_size, flat, output_size=total)
-        # Label: each bag's mean score, summed slot by slot and feature by feature in a fixed
-        # order; p = 1/2 + z / (2 sqrt(1 + z^2)) with z = logit / 2 has the logistic's slope
-        # at 0 and needs only IEEE-exact operations.
-        grid = torch.zeros(nf * n, bag, dtype=torch.float64, device=dev)
-        grid.view(-1)[per_slot(bags * bag)] = self.scores.index_select(0, at)
-        sums = grid[:, 0].clone()
-        for s in range(1, bag):
-            sums += grid[:, s]
-        means = (sums / flat).view(nf, n)
-        logit = torch.zeros(n, dtype=torch.float64, device=dev)
-        for d, w in enumerate(self.dense_w):
-            logit += dense[:, d].double() * w
-        for f in range(nf):
-            logit += means[f]
-        z = logit * 0.5
-        p = 0.5 + 0.5 * z / torch.sqrt(1.0 + z * z)
-        coin = (_bits(sample, k_coin).double() + 0.5) / 4294967296.0
-        return Batch(dense=dense, ids=self.perm.index_select(0, at), lengths=lengths,
-                     labels=(coin < p).float())
+        return _Sparse(lengths, at, per_slot)
 
 
 def _parse_tsv_line(line: str, num_dense: int, num_features: int) -> tuple:

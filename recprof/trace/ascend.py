@@ -60,7 +60,7 @@ from recprof.trace.model import (
     SubTasks,
     TraceHeader,
 )
-from recprof.trace.reader import RawTrace, TraceFileError
+from recprof.trace.reader import RawTrace, TraceEvent, TraceFileError
 from recprof.trace.vocabulary import COLLECTIVE_KINDS, collective_kind, dtype_size
 
 #: The folder torch_npu writes its per-rank results in, and the timeline inside it.
@@ -119,19 +119,11 @@ _PROFILER_INFO = re.compile(r"^profiler_info_(\d{1,6})\.json$")
 _SIDE_FILE_BYTES = 1 << 20
 
 
-class _Event(msgspec.Struct, gc=False):
-    """An element of torch_npu's timeline with the fields read (flows carry `id`); every
-    field may hold anything, checked through sanitize."""
+class _Event(TraceEvent, gc=False):
+    """An element of torch_npu's timeline: a Kineto event's fields, and the `id` its flows
+    carry; every field may hold anything, checked through sanitize."""
 
-    ph: Any = None
-    name: Any = None
-    cat: Any = None
-    ts: Any = None
-    dur: Any = None
-    pid: Any = None
-    tid: Any = None
     id: Any = None
-    args: msgspec.Raw = msgspec.Raw()
 
 
 _ELEMENT = msgspec.json.Decoder(_Event | list[Any] | str | int | float | bool | None)

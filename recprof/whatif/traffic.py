@@ -95,7 +95,7 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
     batches = range(first_batch, first_batch + SAMPLED_BATCHES)
     previous: Windows | None = None
     for index in batches:
-        batch = source.global_batch(0, index)
+        batch = source.routing_batch(0, index)
         per = batch.size // world
         windows: Windows = {}
         for r in range(world):

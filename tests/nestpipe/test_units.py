@@ -134,6 +134,18 @@ def test_a_ranks_own_samples_are_its_slice_of_the_global_batch(overrides: list[s
         assert _same(source.samples(TRAIN_STREAM, 4, lo, hi), whole.slice(lo, hi)), (lo, hi)
 
 
+@pytest.mark.parametrize("overrides", [
+    [], ["batch_size=37", "num_features=3", "vocab_size=10", "bag_size=1", "zipf_alpha=1.6"],
+])
+def test_the_routing_batch_has_the_global_batchs_ids(overrides: list[str]) -> None:
+    """What the what-if routes (traffic.py) is the batch the trainer routes, without the dense
+    values and labels it never reads."""
+    source = SyntheticSource(load_config(TINY, overrides))
+    whole, routed = source.global_batch(TRAIN_STREAM, 2), source.routing_batch(TRAIN_STREAM, 2)
+    assert torch.equal(routed.ids, whole.ids) and torch.equal(routed.lengths, whole.lengths)
+    assert routed.size == whole.size and routed.dense.shape == (whole.size, 0)
+
+
 def test_loader_workers_keep_step_order_and_determinism() -> None:
     cfg = load_config(TINY, ["num_workers=2"])
     source = SyntheticSource(cfg)
