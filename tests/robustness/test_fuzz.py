@@ -2,7 +2,7 @@
 traces (benchmarks/fuzz_traces.py) run through the CLI's entry points, each ending analysed
 with sane numbers or in one error line naming the file; never a traceback, a hang or garbage.
 
-A few hundred cases here (under two minutes on two cores); the nightly run is
+About two hundred cases here (about a minute on two cores); the nightly run is
 `python benchmarks/fuzz_traces.py --cases 20000`. `RECPROF_FUZZ_SEED` and
 `RECPROF_FUZZ_CASES` change the draw; a failure prints the seed, the case and its mutation,
 which `python benchmarks/fuzz_traces.py --seed S --only I` replays (`--ascend` for the
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from fuzz_traces import Corpus, run_case
 
 SEED = int(os.environ.get("RECPROF_FUZZ_SEED", "2026"))
-CASES = int(os.environ.get("RECPROF_FUZZ_CASES", "300"))
+CASES = int(os.environ.get("RECPROF_FUZZ_CASES", "160"))
 #: Seconds one case may take before it counts as a hang; the slowest healthy case (20,000
 #: overlapping steps on a CUDA trace) takes about 4 s on a loaded 2-core machine.
 CASE_LIMIT_S = 30.0
@@ -30,7 +30,7 @@ CASE_LIMIT_S = 30.0
 
 #: Cases drawn from torch_npu's timelines (../shared/ascend): their own reader, string times,
 #: HCCL ops and plane tasks, flows with 64-bit ids.
-ASCEND_CASES = int(os.environ.get("RECPROF_FUZZ_ASCEND_CASES", "150"))
+ASCEND_CASES = int(os.environ.get("RECPROF_FUZZ_ASCEND_CASES", "80"))
 
 
 @pytest.fixture(scope="module")
