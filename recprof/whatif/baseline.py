@@ -99,12 +99,15 @@ class Baseline:
         steps = max(len(self.job.steps_analysed), 1)
         held = {}
         for r in self.job.ranks:
-            rb = self.ranks.get(r.rank)
-            collectives = sum(map(len, rb.bytes_by_purpose.values())) / steps if rb else 0
-            if collectives:
+            if r.rank in self.ranks and (collectives := self.collectives_per_step(r.rank)):
                 held[r.rank] = (r.idle_gaps.by_cause_us.get(DEVICE_HELD, 0.0) / steps
                                 / collectives)
         return held
+
+    def collectives_per_step(self, rank: int) -> float:
+        """The collectives a captured rank ran per analysed step."""
+        steps = max(len(self.job.steps_analysed), 1)
+        return sum(map(len, self.ranks[rank].bytes_by_purpose.values())) / steps
 
     def overlap_blocked(self) -> str | None:
         """Why a rank cannot overlap its collectives' transfers with its compute, or None when

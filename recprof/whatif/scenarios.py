@@ -90,7 +90,6 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
     fwd_row, bwd_row, hsp_row = wire_bytes(scenario_cfg)
     captured = sorted(base.ranks)
     held = base.held_per_collective()
-    steps = max(len(base.job.steps_analysed), 1)
     added_handovers = 0.0
     for r in range(world):
         rb = base.ranks[captured[r % len(captured)]]
@@ -175,8 +174,8 @@ def trainer_plan(base: Baseline, knobs: dict[str, Any], scenario: Traffic, refer
         if rb.rank in held:
             # On a shared device each collective beyond the capture's hands the device over once
             # more (Baseline.held_per_collective).
-            added = sum(isinstance(i, Wait) for i in program) - sum(
-                map(len, rb.bytes_by_purpose.values())) / steps
+            added = (sum(isinstance(i, Wait) for i in program)
+                     - base.collectives_per_step(rb.rank))
             if added > 0:
                 program.append(Compute("other", added * held[rb.rank] * compute_scale))
                 added_handovers = max(added_handovers, added)
