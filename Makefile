@@ -4,7 +4,7 @@
 PYTHON ?= python3
 SHARED ?= ../shared
 
-.PHONY: setup demo test lint torchrec
+.PHONY: setup demo test lint check torchrec
 
 # torch is pinned to the local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
 setup:
@@ -27,8 +27,17 @@ demo: setup
 test: torchrec
 	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -ra
 
+# ruff, then the layers contract (import-linter, pyproject.toml) and the import-circle check.
 lint:
 	ruff check .
+	lint-imports
+	$(PYTHON) tests/import_cycles.py
+
+# Day-to-day: the lint above, then the tests that run no multi-process job (`make test` runs
+# them all).
+check: lint
+	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -x -m "not slow and not browser and not netns" \
+		--ignore=tests/trace/test_decoding_identity.py
 
 # TorchRec, pinned for CPU: the tests capture its golden DLRM (../shared/jobs), and
 # examples/torchrec_dlrm.py and the trainer-vs-TorchRec benchmarks use it. Its metadata asks for

@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from recprof.capture.layout import Schedule
+from recprof.runfolder.layout import Schedule
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "ddp_sharded_embedding.py"

@@ -632,7 +632,7 @@ def _place(exc: BaseException) -> str:
 def judge(case: Case, workdir: Path, render_report: bool) -> Outcome:
     """Run a case through the CLI's entry points and classify what came out."""
     if case.analysis_doc:
-        from recprof.report.command import load_result
+        from recprof.analysis.inputs import load_result
         from recprof.report.render import write_report
 
         result = load_result(case.paths)

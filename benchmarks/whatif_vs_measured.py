@@ -63,9 +63,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from emulated_cluster import EmulatedCluster, link_rate  # noqa: E402
 
-from recprof.capture.layout import STEADY_PROFILED_STEPS  # noqa: E402
-from recprof.mirror.command import one_job  # noqa: E402
+from recprof.analysis.inputs import one_job  # noqa: E402
 from recprof.nestpipe.knobs import BASELINE, invalid_reason, knobs_label  # noqa: E402
+from recprof.runfolder.layout import STEADY_PROFILED_STEPS  # noqa: E402
 from recprof.whatif.baseline import measure  # noqa: E402
 from recprof.whatif.predict import Predictor  # noqa: E402
 from tuner.runner import TrialRunner, capture_window  # noqa: E402
@@ -336,9 +336,9 @@ def trainer_step(folder: Path) -> Measured:
 
 def logged_step(run: Path) -> Measured:
     """A captured run's unprofiled step: its step logs' steps after the window, median per
-    rank, median over ranks (every node's folder: recprof/analysis/run.py)."""
-    from recprof.analysis.run import open_run
+    rank, median over ranks (every node's folder: recprof/runfolder/run.py)."""
     from recprof.analysis.run_context import run_context
+    from recprof.runfolder.run import open_run
 
     capture = open_run([run])
     if capture is None:

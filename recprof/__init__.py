@@ -1,6 +1,8 @@
 """recprof: profile, diagnose and tune distributed training of embedding-heavy recommenders."""
 
-__version__ = "0.1.0"
+from recprof.version import __version__
+
+__all__ = ["__version__", "step"]
 
 
 def step() -> None:

@@ -1,18 +1,54 @@
-"""The `recprof` command: one typer app whose subcommands live beside the code they drive."""
+"""The `recprof` command: one typer app; each subcommand lives beside the code it drives (or in
+recprof/flows where it chains several layers) and is imported only when it runs."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
+from typer.main import get_command
 
 from recprof.errors import RecprofError
 
+
+def _load(name: str) -> Any:
+    """The real command `name`: its module imported now, its function made a click command
+    as typer makes one (options, help, no-args-is-help)."""
+    spec = COMMANDS[name]
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command(name=name, no_args_is_help=spec.help_without_args,
+                   short_help=spec.summary)(getattr(importlib.import_module(spec.module), name))
+    return get_command(single)
+
+
+class _LazyGroup(TyperGroup):
+    """The commands are listed by their summaries (`recprof --help`, a typo's suggestions) and
+    imported only when one is invoked: importing them all cost 330 ms of `recprof --help`
+    and of every command's start."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name = args[0] if args else None
+        loaded = self.__dict__.setdefault("_loaded", set())
+        if name in COMMANDS and name not in loaded:
+            self.commands[name] = _load(name)
+            loaded.add(name)
+        return super().resolve_command(ctx, args)
+
+
+def _listed() -> None:
+    """Stands in for a command in the list `recprof --help` prints; never run (`resolve_command`
+    puts the real one in its place before a command runs)."""
+
+
 app = typer.Typer(
     name="recprof",
+    cls=_LazyGroup,
     help=(
         "Profile, diagnose and tune distributed training of embedding-heavy recommendation "
         "models.\n\nTypical flow: `recprof capture -- torchrun ... train.py`, open the HTML "
@@ -27,7 +63,7 @@ app = typer.Typer(
 def _print_version(value: bool) -> None:
     """`--version`: eager, so it answers before click asks for a subcommand."""
     if value:
-        from recprof import __version__
+        from recprof.version import __version__
 
         typer.echo(f"recprof {__version__}")
         raise typer.Exit()
@@ -41,34 +77,47 @@ def _root(
     """Profile, diagnose and tune distributed training of embedding-heavy recommenders."""
 
 
-#: Each subcommand, the module holding its function of the same name, and whether it prints
-#: its help when given no arguments.
-COMMANDS: dict[str, tuple[str, bool]] = {
-    "capture": ("recprof.capture.command", True),
-    "trigger": ("recprof.capture.trigger", True),
-    "analyze": ("recprof.analysis.command", True),
-    "report": ("recprof.report.command", True),
-    "compare": ("recprof.compare.command", True),
-    "mirror": ("recprof.mirror.command", True),
-    "whatif": ("recprof.whatif.command", True),
-    "train": ("recprof.nestpipe.command", False),
-    "view": ("recprof.view.command", True),
-    "tune": ("tuner.command", False),
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: the module holding its function of the same name, its line in `recprof
+    --help`, and whether it prints its help when given no arguments."""
+
+    module: str
+    summary: str
+    help_without_args: bool = True
+
+
+#: Every subcommand, in the order `recprof --help` lists them. The summary is the menu's line,
+#: so that listing the commands imports none of them (their modules pull in the analysis, the
+#: report's templates, optuna and the trainer); `recprof CMD --help` shows the command's own
+#: docstring.
+COMMANDS: dict[str, Command] = {
+    "capture": Command("recprof.flows.capture", "Run a training job with the profiler "
+                       "injected into every rank, then analyze it and write the report."),
+    "trigger": Command("recprof.capture.trigger", "Record a window of a running --on-demand "
+                       "capture now, without restarting the job."),
+    "analyze": Command("recprof.analysis.command", "Say where each rank's step time goes: "
+                       "compute, exposed and hidden communication, copies, idle gaps and "
+                       "their causes, collectives and stragglers."),
+    "report": Command("recprof.flows.report", "Write the HTML bottleneck report of traces, a "
+                      "capture or an analysis document."),
+    "compare": Command("recprof.compare.command", "Compare runs: scaling, per-stage and "
+                       "per-collective deltas, findings resolved and new, a regression gate."),
+    "mirror": Command("recprof.mirror.command", "Write a config for the built-in trainer "
+                      "shaped like a captured job."),
+    "whatif": Command("recprof.whatif.command", "Predict the unprofiled step time under knob "
+                      "settings from one capture, without running them."),
+    "train": Command("recprof.nestpipe.command", "Train the built-in sharded-embedding DLRM "
+                     "(NestPipe) with torchrun on this machine.", help_without_args=False),
+    "view": Command("recprof.view.command", "Open a capture in TensorBoard's PyTorch Profiler "
+                    "plugin, for op-level questions."),
+    "tune": Command("tuner.command", "Search the trainer's knobs with real measured runs; "
+                    "write a recommended config and report.", help_without_args=False),
 }
 
 
-def _register_commands(argv: list[str]) -> None:
-    """Import the subcommand `argv` names, or every one (`recprof --help` lists them all).
-    Importing them all cost ~60 ms of every command's start (jinja2, optuna's, the report's
-    and the trainer's modules), most of a small trace's `recprof analyze`."""
-    named = argv[1] if len(argv) > 1 else None
-    for name in [named] if named in COMMANDS else COMMANDS:
-        module, help_without_args = COMMANDS[name]
-        command = getattr(importlib.import_module(module), name)
-        app.command(no_args_is_help=help_without_args)(command)
-
-
-_register_commands(sys.argv)
+for _name, _spec in COMMANDS.items():
+    app.command(name=_name, short_help=_spec.summary)(_listed)
 
 
 def main() -> None:

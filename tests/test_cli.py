@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
-from recprof import __version__
 from recprof.cli import COMMANDS
+from recprof.version import __version__
 
 #: What a small trace's analysis must not wait for: the report's templates, the tuner's study
 #: database, the trainer (its knobs, `recprof.nestpipe.knobs`, are the findings' vocabulary).
@@ -33,12 +34,30 @@ def test_help_lists_every_subcommand() -> None:
 
 
 def test_analyze_imports_only_what_it_runs() -> None:
-    probe = ("import sys; sys.argv = ['recprof', 'analyze']; import recprof.cli; "
-             f"print(sorted(m for m in {_NOT_FOR_ANALYZE!r} if m in sys.modules)); "
-             "print(sorted(c.name for c in recprof.cli.app.registered_commands))")
+    """`recprof analyze` imports the analysis and nothing of the other commands."""
+    probe = ("import sys, runpy; sys.argv = ['recprof', 'analyze', '--help']\n"
+             "try:\n    runpy.run_module('recprof', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             f"print(sorted(m for m in {_NOT_FOR_ANALYZE!r} if m in sys.modules), "
+             "'recprof.analysis.command' in sys.modules, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    imported, registered = proc.stdout.splitlines()
-    assert imported == "[]"
-    assert registered == "[None]"  # one command, named by typer from its function
+    assert "Usage: recprof analyze" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == "[] True"
+
+
+def test_help_lists_the_commands_and_imports_none_of_them() -> None:
+    """`recprof --help` prints every command's summary without importing a command's module
+    (they pull in the analysis, the report's templates, optuna and the trainer)."""
+    modules = sorted({spec.module for spec in COMMANDS.values()})
+    probe = ("import sys, runpy; sys.argv = ['recprof', '--help']\n"
+             "try:\n    runpy.run_module('recprof', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             f"print(sorted(m for m in {modules!r} if m in sys.modules), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "[]"
+    for name, spec in COMMANDS.items():
+        assert f"{name} " in proc.stdout and spec.summary in proc.stdout, name

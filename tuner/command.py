@@ -142,8 +142,9 @@ def mirror_for_tuning(like: Path | list[Path], nproc_per_node: int | None, nnode
     and what the study mirrors. The launch and the names come from the job's layout alone, so
     a resumed study finds its saved config before anything is derived: deriving fits the key
     skew over every rank (24 s for a 128-rank job), and the trials already ran on that file."""
-    from recprof.capture.rank_meta import usable_cores
-    from recprof.mirror.command import calibrate_mirror, derive_with_status, one_job
+    from recprof.analysis.inputs import one_job
+    from recprof.host import usable_cores
+    from recprof.mirror.command import calibrate_mirror, derive_with_status
     from recprof.mirror.derive import mirror_launch, mirror_layout
 
     paths = [like] if isinstance(like, Path) else list(like)

@@ -83,7 +83,7 @@ class Prior:
 def build_prior(capture_dir: Path, candidates: Sequence[Knobs], samples_per_step: int,
                 on_progress: Callable[[int, int], None] | None = None) -> Prior:
     """Predict every candidate from the baseline's capture; `RecprofError` says why not."""
-    from recprof.mirror.command import one_job
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.device import describe
     from recprof.whatif.predict import Predictor

@@ -22,16 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from recprof.analysis import analyze_paths, load_analysis_json
-from recprof.capture import layout
 from recprof.errors import RecprofError
+from recprof.nestpipe.summary import METRICS_FILE, SUMMARY_FILE, SUMMARY_SCHEMA, read_summary
+from recprof.runfolder import layout
 from tuner.record import Pace, Status, TrialAnalysis
 
-SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
-#: The trainer contract's per-step log (docs/team-contracts.md): one line per finished step.
-PROGRESS_FILE = "metrics.jsonl"
 _TAIL_BYTES = 20_000
 _KILL_GRACE_S = 5.0
 _POLL_S = 0.2
@@ -111,10 +107,10 @@ def capture_available() -> bool:
 
 def unprofiled_throughput(capture_dir: Path, global_batch: int) -> tuple[float, int] | None:
     """Samples/s over rank 0's steps that ran without the profiler (the step log's unprofiled
-    steps, `run_context.timed_steps`, each less capture's own hook), and how many there were;
-    None when there are none. A captured trial's own throughput counts its profiled steps too,
+    steps: `timed_steps`, runfolder/steps.py, each less capture's own hook), and how many there
+    were; None when there are none. A captured trial's own throughput counts its profiled steps too,
     which is fair only against trials that were captured alike."""
-    from recprof.analysis.run_context import timed_steps
+    from recprof.runfolder.steps import timed_steps
 
     steps = timed_steps(layout.read_step_log(capture_dir, 0), unprofiled=True)
     mean_s = sum(s.job_s for s in steps) / len(steps) if steps else 0.0
@@ -207,7 +203,7 @@ def run_process(
     """
     trial_dir.mkdir(parents=True, exist_ok=True)
     (trial_dir / "command.txt").write_text(" ".join(argv) + "\n")
-    progress = trial_dir / PROGRESS_FILE
+    progress = trial_dir / METRICS_FILE
     start = time.monotonic()
     lines, first_s, last_s, slowest = 0, None, 0.0, 0.0
     ended = None
@@ -308,19 +304,6 @@ def _root_cause(log: str) -> str | None:
     return f"{cause} ({notes})"[:300] if notes else cause[:300]
 
 
-def read_summary(path: Path) -> dict[str, Any] | None:
-    """The trainer's summary.json, or None when missing, unreadable or of another schema."""
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
-        return None
-    if not isinstance(data.get("throughput_samples_per_s"), (int, float)):
-        return None
-    return data
-
-
 def analyse_capture(
     capture_dir: Path, trial_dir: Path
 ) -> tuple[TrialAnalysis | None, str | None, str | None]:
@@ -375,10 +358,10 @@ class TrialRunner:
         if rc != 0:
             status, reason = classify_failure(rc, log)
             return TrialOutcome(status, reason, wall, rc, pace=end.pace)
-        summary = read_summary(trial_dir / "summary.json")
+        summary = read_summary(trial_dir / SUMMARY_FILE)
         if summary is None:
             return TrialOutcome(
-                Status.NO_SUMMARY, f"exit 0 but no valid {SUMMARY_SCHEMA} summary.json", wall, rc,
+                Status.NO_SUMMARY, f"exit 0 but no valid {SUMMARY_SCHEMA} {SUMMARY_FILE}", wall, rc,
                 pace=end.pace,
             )
         outcome = TrialOutcome(Status.OK, None, wall, rc, summary=summary, pace=end.pace)

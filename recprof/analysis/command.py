@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from recprof import terminal, units
-from recprof.analysis.executors import DASK_INSTALL_HINT, open_executor
+from recprof.analysis.executors import DASK_INSTALL_HINT
 from recprof.analysis.frameworks import framework_line
+from recprof.analysis.inputs import analyze_with_progress
 from recprof.analysis.model import AnalysisResult, JobAnalysis
-from recprof.analysis.pipeline import analyze_paths
-from recprof.analysis.run import check_runs
-from recprof.analysis.windows import parse_step_spec
 from recprof.errors import RecprofError
+from recprof.options import parse_step_spec
 
 #: `--scheduler` and `--workers`, shared by `recprof analyze` and `recprof report`.
 SchedulerOption = Annotated[str | None, typer.Option(
@@ -34,27 +31,6 @@ WorkersOption = Annotated[int | None, typer.Option(
          "stopped here (a rank that kills its worker, e.g. out of memory, is reported and the "
          "others go on). Needs the dask extra. Without --scheduler or --workers, ranks are "
          "spread over a local process pool when the traces are large.")]
-
-
-def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: str | None,
-                          workers: int | None) -> AnalysisResult:
-    """`analyze_paths` on the executor the options ask for, with a progress bar across ranks
-    on standard error (when it is a terminal)."""
-    check_runs(paths)
-    err = Console(stderr=True, soft_wrap=True)
-    executor = open_executor(scheduler, workers)
-    with executor or nullcontext(), Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=err, transient=True,
-            disable=not err.is_terminal) as bar:
-        task = bar.add_task("analysing ranks", total=None)
-
-        def on_progress(done: int, total: int, _path: str) -> None:
-            # The last rank in, the cross-rank steps run here (seconds at 10,000 ranks).
-            bar.update(task, completed=done, total=total, description="analysing ranks"
-                       if done < total else "cross-rank analysis")
-
-        return analyze_paths(paths, steps, progress=on_progress, executor=executor)
 
 
 def analyze(

@@ -175,7 +175,7 @@ class DaskCluster(Executor):
         """Every worker must import the recprof that sent the work: a worker without it
         cannot unpickle a task, and Dask then retries the task forever instead of failing.
         Asked with a builtin (`eval`), which every worker can unpickle."""
-        from recprof import __version__
+        from recprof.version import __version__
 
         try:
             found = self._client.run(eval, _WORKER_RECPROF, on_error="return")
@@ -251,7 +251,7 @@ def default_executor(n_files: int, total_bytes: int) -> Executor:
     run on (its affinity mask: a container or `taskset` limited to 2 of a host's 64 cores
     would otherwise start 64 workers on 2) once the files are worth it (PARALLEL_FROM_BYTES),
     else this process."""
-    from recprof.capture.rank_meta import usable_cores
+    from recprof.host import usable_cores
 
     workers = min(usable_cores(), n_files)
     if workers > 1 and total_bytes >= PARALLEL_FROM_BYTES:

@@ -9,7 +9,7 @@ collectives of different communicators must be issued in a consistent order). gl
 group on its own threads and survives the same program, so a CPU run can carry the bug
 unseen. No trace tool reports it; recprof does, from two sources:
 
-- the issue log `recprof capture` writes (capture/issue_log.py): every collective from the
+- the issue log `recprof capture` writes (runfolder/issue_log.py): every collective from the
   rank's start, its group, its number within that group and the issuing thread's name. Numbers
   line up across ranks exactly, so the orders are compared collective by collective.
 - the trace, where it names each collective's group (NCCL's `record_param_comms`): the
@@ -27,7 +27,6 @@ under CUDA MPS the job hung).
 from __future__ import annotations
 
 import itertools
-import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from recprof.analysis.model import IssueDivergence, IssueOrder
-from recprof.capture import issue_log, layout
+from recprof.runfolder import layout
+from recprof.runfolder.issue_log import log_path, read_issue_log
 from recprof.trace.model import ActivityClass, RankTrace
 from recprof.trace.vocabulary import COLLECTIVE_KINDS
 
@@ -87,25 +87,14 @@ def _from_issue_log(path: Path, rank: int | None) -> RankIssues | None:
     folder = Path(path).resolve().parent
     if rank is None or folder.name != layout.TRACES:
         return None
-    log = issue_log.log_path(folder.parent, rank)
+    log = log_path(folder.parent, rank)
     if not (folder.parent / layout.MANIFEST).is_file() or not log.is_file():
         return None
-    issued: list[Issued] = []
-    groups: dict[str, list[int]] = {}
-    try:
-        with log.open() as fh:
-            for line in fh:
-                if len(issued) >= MAX_COMPARED:
-                    break
-                record = json.loads(line)
-                if "ranks" in record:
-                    groups[str(record["group"])] = [int(r) for r in record["ranks"]]
-                elif "n" in record:
-                    issued.append(Issued(str(record["group"]), int(record["n"]),
-                                         str(record["op"]), str(record["thread"])))
-    except (OSError, ValueError, TypeError, KeyError):
+    records = read_issue_log(log, MAX_COMPARED)
+    if records is None:
         return None  # a log cut short or damaged: the trace stands in for it
-    return RankIssues(CAPTURE, issued, groups)
+    issued = [Issued(r.group, r.number, r.op, r.thread) for r in records.issued]
+    return RankIssues(CAPTURE, issued, records.groups)
 
 
 def _from_trace(trace: RankTrace) -> RankIssues:

@@ -1,7 +1,8 @@
 """The analysis results: plain, JSON-serialisable dataclasses (schema `recprof.analysis/2`).
 
-These are the only thing the report, capture and the tuner read; nothing downstream opens a
-trace file or recomputes a number: the per-step means, the findings and the verdict are
+These are the only thing the report, capture and the tuner read (a document is written by
+`AnalysisResult.to_json` and read back by recprof/analysis/document.py); nothing downstream
+opens a trace file or recomputes a number: the per-step means, the findings and the verdict are
 computed here once. All times are microseconds; absolute times are Kineto's epoch-based clock
 (`baseTimeNanoseconds/1000 + ts`), so ranks of one job line up.
 
@@ -14,23 +15,14 @@ these two.
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import orjson
 
-from recprof import __version__
-from recprof.errors import RecprofError
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
+from recprof.version import __version__
 
 SCHEMA = "recprof.analysis/2"
-#: Older documents that still load; what they lack (per-step means, findings, the verdict) is
-#: computed from what they hold when they are read.
-READABLE_SCHEMAS = (SCHEMA, "recprof.analysis/1")
 
 # The breakdown fields in the order tables show them. compute + exposed_* + idle == step.
 METRICS = (
@@ -137,6 +129,39 @@ class Timeline:
 
 
 @dataclass
+class DeviceWork:
+    """What one rank's trace says the ops a micro-batch repeats cost it (the what-if's prices,
+    recprof/whatif/device.py; measured by recprof/analysis/device_work.py so that nothing after
+    the analysis reopens a trace). Microseconds.
+
+    - `ops_per_step`: compute ops per analysed step in each stage a micro-batch repeats;
+    - `op_floor_us`: the fixed cost of one of them (a CPU's 10th-percentile op; on a device that
+      queues work, the median gap from one of its launches to the next);
+    - `host_waits_us`: per step, the host blocked in runtime calls until its device caught up.
+    """
+
+    ops_per_step: dict[str, float]
+    op_floor_us: float
+    host_waits_us: float = 0.0
+
+
+@dataclass
+class DevicePrices:
+    """What the job's traces say its device charges for work a knob adds, over its ranks:
+
+    - `launch_gap_us`: on a device that queues work, the host's cost to issue one op: the
+      median gap from one launch to the next in the stages a micro-batch repeats, over every
+      rank's launching threads; None where there are none;
+    - `elementwise`: [bytes, kernel us] of the elementwise ops (trace/shapes.py) that launched
+      exactly one kernel, on the job's first ranks (they share one kind of device): the
+      points the what-if fits its memory line `floor + bytes / bandwidth` on.
+    """
+
+    launch_gap_us: float | None = None
+    elementwise: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
 class RankAnalysis:
     rank: int
     file: str
@@ -152,6 +177,9 @@ class RankAnalysis:
     per_step: StepMetrics = field(default_factory=lambda: StepMetrics(None, 0.0))
     #: Recsys stages (vocabulary.STAGES) per step on this rank.
     stages: dict[str, StageTime] = field(default_factory=dict)
+    #: What the ops a micro-batch repeats cost this rank (None where it shows none, and in
+    #: documents made before it).
+    device_work: DeviceWork | None = None
 
 
 @dataclass
@@ -510,6 +538,8 @@ class JobAnalysis:
     shared_devices: list[SharedDevice] = field(default_factory=list)
     #: Waits per peer measured inside the traces (HCCL), None where no trace measures them.
     peer_waits: PeerWaits | None = None
+    #: What the device charges for work a knob adds (None in documents made before it).
+    device_prices: DevicePrices | None = None
 
     @property
     def world(self) -> int:
@@ -529,77 +559,3 @@ class AnalysisResult:
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self),
                             option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
-
-
-def _decode(tp: Any, value: Any, where: str = "document") -> Any:
-    """Rebuild a value of type `tp` from its JSON form (dataclasses, lists, dicts, optionals),
-    checking it on the way: the report formats every number it is given, so a null, a string
-    or a non-finite value where a number belongs must stop here as a `ValueError` naming the
-    field, not as a traceback deep in a figure."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _decode(inner[0], value, where)
-    if value is None:
-        raise ValueError(f"{where} is null")
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-                value):
-            raise ValueError(f"{where} is {_kind(value)}, not a finite number")
-        return value
-    if tp in (int, str, bool):
-        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-            raise ValueError(f"{where} is {_kind(value)}, not a {tp.__name__}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ValueError(f"{where} is {_kind(value)}, not an object")
-        hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _decode(hints[f.name], value[f.name], f"{where}.{f.name}")
-                     for f in dataclasses.fields(tp) if f.name in value})
-    if origin in (list, tuple):
-        if not isinstance(value, list):
-            raise ValueError(f"{where} is {_kind(value)}, not a list")
-        items = typing.get_args(tp)
-        if origin is tuple:
-            return tuple(_decode(t, v, f"{where}[{i}]")
-                         for i, (t, v) in enumerate(zip(items, value, strict=True)))
-        return [_decode(items[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{where} is {_kind(value)}, not an object")
-        key_t, val_t = typing.get_args(tp)
-        return {(int(k) if key_t is int else k): _decode(val_t, v, f"{where}[{k!r}]")
-                for k, v in value.items()}
-    return value
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
-
-
-def load_analysis_json(path: Path) -> AnalysisResult:
-    """Read a `recprof analyze --json` document back into dataclasses."""
-    try:
-        doc = orjson.loads(Path(path).read_bytes())
-    except OSError as exc:
-        raise RecprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except orjson.JSONDecodeError as exc:
-        raise RecprofError(f"{path}: invalid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") not in READABLE_SCHEMAS:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise RecprofError(f"{path}: not a recprof analysis (schema {found!r}, want "
-                           f"{' or '.join(map(repr, READABLE_SCHEMAS))})")
-    try:
-        result = _decode(AnalysisResult, doc)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RecprofError(f"{path}: malformed analysis document ({str(exc)[:300]})") from None
-    if doc["schema"] != SCHEMA:
-        from recprof.analysis.summary import summarize_job, upgrade_v1
-
-        for job in result.jobs:
-            summarize_job(upgrade_v1(job))
-        result.schema = SCHEMA
-    return result

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
@@ -23,6 +23,7 @@ from recprof.analysis.collectives import (
     peer_bytes,
     rank_collectives,
 )
+from recprof.analysis.device_work import DeviceSamples, job_device_prices, rank_device_work
 from recprof.analysis.executors import Executor, WorkerLost, default_executor
 from recprof.analysis.frameworks import detect
 from recprof.analysis.idle import DEVICE_HELD, idle_gaps
@@ -61,6 +62,7 @@ class RankOutcome:
     records: CollectiveRecords
     framework_marks: dict[str, int]
     issues: RankIssues | None = None
+    device_samples: DeviceSamples = field(default_factory=DeviceSamples)
 
 
 def discover(paths: Sequence[Path]) -> list[Path]:
@@ -101,6 +103,7 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
     unions = ClassUnions.of(trace)
     metrics = [step_metrics(unions, w) for w in windows]
     attribution = attribute(trace)
+    work, device_samples = rank_device_work(trace, windows, attribution)
     analysis = RankAnalysis(
         rank=trace.header.rank if trace.header.rank is not None else -1,
         file=str(path),
@@ -114,12 +117,13 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
         else None,
         warnings=trace.warnings + warnings,
         stages=stage_times(trace, windows, attribution),
+        device_work=work,
     )
     _shift_to_absolute(analysis, trace.header.origin_us)
     return RankOutcome(trace.header, analysis,
                        collective_records(trace, unions, windows, attribution.purpose,
                                           attribution.inferred),
-                       trace.framework_marks, rank_issues(trace, path))
+                       trace.framework_marks, rank_issues(trace, path), device_samples)
 
 
 def _shift_to_absolute(analysis: RankAnalysis, origin_us: float) -> None:
@@ -215,10 +219,12 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
         ranks, warnings = assign_ranks(headers, members)
         analyses: list[RankAnalysis] = []
         records: dict[int, CollectiveRecords] = {}
+        device_samples: dict[int, DeviceSamples] = {}
         for i in members:
             outcome = outcomes[i]
             analyses.append(replace(outcome.analysis, rank=ranks[i]))
             records[ranks[i]] = outcome.records
+            device_samples[ranks[i]] = outcome.device_samples
             warnings.extend(outcome.analysis.warnings)
         analyses.sort(key=lambda r: r.rank)
         first = headers[members[0]]
@@ -261,6 +267,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
             issue_order=job_issue_order({ranks[i]: outcomes[i].issues for i in members}),
             shared_devices=_shared_devices({ranks[i]: headers[i] for i in members}, analyses),
             peer_waits=peer_waits(records, analyses, _mean_step(analyses)),
+            device_prices=job_device_prices([device_samples[r] for r in sorted(device_samples)]),
         ))
         _keep_chosen_timelines(job, steps, executor)
         jobs.append(job)

@@ -1,7 +1,7 @@
 """What a `recprof capture` run says about a job beyond its traces.
 
 When the traces being analysed sit in capture folders (`<folder>/traces/...` beside
-`manifest.json`; one folder per node on a cluster, recprof/analysis/run.py), the analysis also
+`manifest.json`; one folder per node on a cluster, recprof/runfolder/run.py), the analysis also
 reads, from every node's folder: the command each rank ran (so advice can name the job's own
 config file), capture's verdict on whether the recorded window is representative, and the step
 logs, which time every step of the run, profiled or not (recorded steps run slower than
@@ -12,15 +12,14 @@ from anywhere else analyse the same, without it.
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 from recprof.analysis.model import NodeContext, RunContext
-from recprof.analysis.run import CaptureFolder, Run, run_of_traces
-from recprof.capture import layout
-
-#: Start-up steps of the wait phase left out of the unprofiled median when the run has no
-#: steps after the window (first iterations compile, allocate, warm caches).
-STARTUP_STEPS = 2
+from recprof.errors import RecprofError
+from recprof.runfolder import layout
+from recprof.runfolder.run import CaptureFolder, Run, open_run, run_of_traces
+from recprof.runfolder.steps import timed_steps
 
 
 def read_run_context(trace_files: list[str], ranks: list[int]) -> RunContext | None:
@@ -79,15 +78,6 @@ def _node(folder: CaptureFolder, ranks: list[int]) -> NodeContext:
         window_warning=folder.window_warning)
 
 
-def timed_steps(log: list[layout.StepRecord], unprofiled: bool) -> list[layout.StepRecord]:
-    """The steps of one rank's log that time the job: the unprofiled steps after the window
-    (or the wait phase past start-up, when none follow), or the recorded ones."""
-    if not unprofiled:
-        return [s for s in log if s.phase == layout.Phase.ACTIVE]
-    steps = [s for s in log if s.phase in (layout.Phase.AFTER, layout.Phase.UNPROFILED)]
-    return steps or [s for s in log if s.phase == layout.Phase.WAIT][STARTUP_STEPS:]
-
-
 def _median_step(logs: list[list[layout.StepRecord]], unprofiled: bool) -> float | None:
     """The median over ranks of each rank's median step (the job's own time, us) over its
     `timed_steps`."""
@@ -97,3 +87,14 @@ def _median_step(logs: list[list[layout.StepRecord]], unprofiled: bool) -> float
         if steps:
             per_rank.append(statistics.median(s.job_s for s in steps) * 1e6)
     return statistics.median(per_rank) if per_rank else None
+
+
+def run_of_context(context: RunContext | None) -> Run | None:
+    """The run an analysed job's context names (its capture folders, where they still are)."""
+    if context is None:
+        return None
+    folders = [Path(d) for d in context.run_dirs or [context.run_dir] if Path(d).is_dir()]
+    try:
+        return open_run(folders) if folders else None
+    except RecprofError:  # moved or mixed since the analysis: the traces' context stands
+        return None

@@ -34,12 +34,13 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from recprof.capture import issue_log, layout, torchrun_record
-from recprof.capture.layout import EventKind, ExitStatus, Schedule
+from recprof.capture import issue_log, torchrun_record
 from recprof.capture.profiler_window import ProfilerWindow
 from recprof.capture.rank_meta import RankMeta
 from recprof.capture.rank_voice import RankVoice
 from recprof.capture.step_clock import StepClock
+from recprof.runfolder import layout
+from recprof.runfolder.layout import EventKind, ExitStatus, Schedule
 
 _TORCH_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
 

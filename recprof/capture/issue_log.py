@@ -10,11 +10,9 @@ notes, before each is issued, its group, its number within that group (from the 
 start, so ranks line up exactly), the operation and the issuing thread's name;
 recprof/analysis/issue_order.py compares the ranks' orders.
 
-Written to `<run>/issue_log/rank<R>.jsonl`, one JSON object per line: a group's members the
-first time it is used (`{"group": "1", "ranks": [0, 1]}`), then one line per collective
-(`{"group": "1", "n": 73, "op": "all_to_all_single", "thread": "MainThread"}`), at most
-`MAX_ISSUES` of them (then `{"stopped_after": MAX_ISSUES}`). A collective issued inside another
-(`all_gather_object`'s `all_gather`) is the outer one's. The cost is a Python wrapper and one
+Written to `<run>/issue_log/rank<R>.jsonl` in the format recprof/runfolder/issue_log.py
+describes and reads. A collective issued inside another (`all_gather_object`'s `all_gather`)
+is the outer one's. The cost is a Python wrapper and one
 write per collective call (a few microseconds). No torch import here: the hook passes torch in
 once the job has imported it.
 """
@@ -29,10 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-DIRNAME = "issue_log"
-#: Collectives recorded per rank: enough for thousands of steps of a recsys trainer (a few
-#: dozen collectives each), a few MB at most.
-MAX_ISSUES = 50_000
+from recprof.runfolder.issue_log import MAX_ISSUES, log_path
 
 #: torch.distributed's collective and point-to-point functions, and where `group` sits among
 #: the positional arguments of each (torch 2.x signatures; a keyword `group` is read too).
@@ -46,11 +41,6 @@ _GROUP_ARG = {
     "isend": 2, "irecv": 2, "send_object_list": 2, "recv_object_list": 2,
     "batch_isend_irecv": -1,  # the group of its first P2POp
 }  # fmt: skip
-
-
-def log_path(run_dir: Path, rank: int) -> Path:
-    """Where rank `rank` of a capture run writes its issue log."""
-    return run_dir / DIRNAME / f"rank{rank}.jsonl"
 
 
 class IssueLog:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recprof.capture import layout
+from recprof.runfolder import layout
 
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

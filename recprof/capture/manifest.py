@@ -5,7 +5,7 @@ finished: a rank killed by SIGKILL leaves metadata that still says "recording"),
 after crashes, early exits and Ctrl-C too; how a rank that could not say so itself ended comes
 from torchrun's record of its failed ranks (`torchrun_record`). Written once before the job
 starts (status "running") and again at the end, when it also says whether the recorded window
-is representative of the run (window_check.py).
+is representative of the run (recprof/runfolder/steps.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recprof.capture import layout, torchrun_record
+from recprof.capture import torchrun_record
 from recprof.capture.launcher import JobResult
-from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule, WindowStatus
-from recprof.capture.window_check import SETTLE_BLOCK, check_window
 from recprof.capture.windows import window_entries
+from recprof.runfolder import layout
+from recprof.runfolder.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule, WindowStatus
+from recprof.runfolder.steps import SETTLE_BLOCK, check_window
 from recprof.trace.reader import TraceFileError, read_trace
 
 SCHEMA = "recprof.capture.manifest/1"

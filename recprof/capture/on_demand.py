@@ -36,17 +36,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recprof.capture import layout
-from recprof.capture.layout import (
+from recprof.capture.rank_voice import RankVoice
+from recprof.capture.settle import Agreement, Alone, Decision, SettleWatch
+from recprof.runfolder import layout
+from recprof.runfolder.layout import (
     EventKind,
     Schedule,
     WindowReason,
     WindowSpec,
     WindowStart,
 )
-from recprof.capture.rank_voice import RankVoice
-from recprof.capture.settle import Agreement, Alone, Decision, SettleWatch
-from recprof.capture.window_check import SETTLE_BLOCK
+from recprof.runfolder.steps import SETTLE_BLOCK
 from recprof.units import duration
 
 #: Ranks look for windows decided elsewhere at every step boundary whose number is a multiple

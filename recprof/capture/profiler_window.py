@@ -33,8 +33,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from recprof.capture import layout
-from recprof.capture.layout import (
+from recprof.capture.on_demand import OnDemand
+from recprof.capture.rank_meta import RankMeta
+from recprof.capture.rank_voice import RankVoice
+from recprof.capture.settle import Decision, SettleWatch, job_agreement
+from recprof.runfolder import layout
+from recprof.runfolder.layout import (
     EventKind,
     Phase,
     ProfilerStatus,
@@ -43,10 +47,6 @@ from recprof.capture.layout import (
     WindowStart,
     WindowStatus,
 )
-from recprof.capture.on_demand import OnDemand
-from recprof.capture.rank_meta import RankMeta
-from recprof.capture.rank_voice import RankVoice
-from recprof.capture.settle import Decision, SettleWatch, job_agreement
 
 # Once the profiler has reached one of these, the window is over for good.
 _SETTLED = (ProfilerStatus.STEPPED_ASIDE, ProfilerStatus.WRITTEN, ProfilerStatus.PARTIAL)

@@ -13,8 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from recprof.capture import layout
-from recprof.capture.layout import EventKind, ExitStatus, WindowStart
+from recprof.runfolder import layout
+from recprof.runfolder.layout import EventKind, ExitStatus, WindowStart
 
 
 class EventTail:

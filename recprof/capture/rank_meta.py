@@ -17,8 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from recprof.capture import layout
-from recprof.capture.layout import ProfilerStatus, Schedule, StepSource
+from recprof.host import cpu_model, machine_id, usable_cores
+from recprof.runfolder import layout
+from recprof.runfolder.layout import ProfilerStatus, Schedule, StepSource
 
 SCHEMA = "recprof.capture.rank/1"
 _ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED", "TORCHELASTIC_")
@@ -52,7 +53,7 @@ class RankMeta:
         env = {
             k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES
         }
-        cpu = _cpu_model()
+        cpu = cpu_model()
         self.data: dict[str, Any] = {
             "schema": SCHEMA,
             "rank": rank,
@@ -162,32 +163,3 @@ def device_identity(torch: Any, index: int) -> dict[str, Any]:
         out["pci_bus_id"] = (f"{domain if isinstance(domain, int) else 0:08x}:{bus:02x}:"
                              f"{slot if isinstance(slot, int) else 0:02x}.0")
     return out
-
-
-def machine_id() -> str | None:
-    """The running kernel's boot id: one per machine (or VM), shared by the containers and
-    network namespaces on it, which report hostnames of their own. Ranks with different hosts
-    and one machine id share that machine's cores. None where the OS has no boot id."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, where the OS has one): what the
-    what-if replay asks of a CPU rank's host (is there a core to spare per rank?)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-
-
-def _cpu_model() -> str:
-    """The CPU's marketing name (what `devices` holds on a CPU-only run)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

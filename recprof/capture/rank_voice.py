@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recprof.capture import layout
+from recprof.runfolder import layout
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from recprof.capture.layout import Schedule, WindowStart
-from recprof.capture.window_check import Settling, settling
+from recprof.runfolder.layout import Schedule, WindowStart
+from recprof.runfolder.steps import Settling, settling
 
 #: How long a rank waits at a boundary for the others' answers before deciding alone. Ranks of
 #: a synchronous job reach the same boundary within a step of each other; a minute covers the

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from recprof.capture.layout import Phase, StepRecord, StepSource
+from recprof.runfolder.layout import Phase, StepRecord, StepSource
 
 
 class Handle(Protocol):

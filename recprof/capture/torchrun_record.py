@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from recprof.capture import layout
+from recprof.runfolder import layout
 
 SCHEMA = "recprof.capture.torchrun/1"
 #: The module that defines `ChildFailedError` (torch >= 1.9).

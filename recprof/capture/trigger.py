@@ -26,9 +26,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from recprof.capture import layout
-from recprof.capture.layout import RunStatus, WindowSpec, WindowStatus
 from recprof.errors import RecprofError
+from recprof.runfolder import layout
+from recprof.runfolder.layout import RunStatus, WindowSpec, WindowStatus
 
 #: How long a rank may go without finishing a step before the trigger stops waiting for it.
 #: The ranks answer at their next step boundary: only a rank stuck in a step (a hung
@@ -78,7 +78,7 @@ def trigger(
 def _parse_ranks(spec: str | None) -> list[int] | None:
     if spec is None:
         return None
-    from recprof.analysis.windows import parse_step_spec
+    from recprof.options import parse_step_spec
 
     chosen = parse_step_spec(spec, option="--ranks")
     return sorted(chosen) if chosen else None

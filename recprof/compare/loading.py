@@ -2,9 +2,9 @@
 
 A RUN is whatever `recprof report` accepts for one job: a capture run folder, the capture
 folders of a multi-node run whose nodes were captured separately (given one after another, or
-the folder holding them: recprof/analysis/run.py), trace files' folder, or a `recprof analyze
+the folder holding them: recprof/runfolder/run.py), trace files' folder, or a `recprof analyze
 --json` document. The
-analysis comes from `recprof.report.command.load_result`, the report's own loader, so a RUN
+analysis comes from `recprof.flows.report.load_result`, the report's own loader, so a RUN
 compares exactly as it reports. Beside it, a run may carry what the traces cannot say:
 
 - capture's step logs, which time every step of the job, profiled or not (the gate's and the
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from recprof.analysis import AnalysisResult, JobAnalysis
-from recprof.analysis.run import Run as CaptureRun
-from recprof.analysis.run import capture_folders, find_runs, open_run
-from recprof.analysis.run_context import timed_steps
-from recprof.capture import layout
+from recprof.analysis.inputs import load_result
 from recprof.errors import RecprofError
-from recprof.report.command import load_result
+from recprof.runfolder import layout
+from recprof.runfolder.run import Run as CaptureRun
+from recprof.runfolder.run import capture_folders, find_runs, open_run
+from recprof.runfolder.steps import timed_steps
 
 #: The trainer config's model keys (the "# model" group of recprof/nestpipe/config.py): runs
 #: that differ in any of these train different models, so their times are not comparable.
@@ -44,7 +44,7 @@ class Run:
     job: JobAnalysis
     capture_dirs: list[Path] = field(default_factory=list)
     #: Job time per step (us), mean over ranks, of the steps the step logs time the job with
-    #: (`run_context.timed_steps`), in step order; empty without step logs.
+    #: (`timed_steps`, runfolder/steps.py), in step order; empty without step logs.
     logged_steps_us: list[float] = field(default_factory=list)
     #: The trainer's resolved config (summary.json), when the run is the built-in trainer's.
     trainer_config: dict[str, Any] | None = None
@@ -160,11 +160,11 @@ def _logged_steps(capture: CaptureRun) -> list[float]:
 def _trainer_config(paths: list[Path], capture_dirs: list[Path]) -> dict[str, Any] | None:
     """The built-in trainer's resolved config from a summary.json in or one folder below the
     run (capture's demo writes `<run>/trainer/summary.json`), if any."""
-    from tuner.runner import read_summary
+    from recprof.nestpipe.summary import SUMMARY_FILE, read_summary
 
     roots = list(dict.fromkeys([*capture_dirs, *(p for p in paths if p.is_dir())]))
     for root in roots:
-        for candidate in [root / "summary.json", *sorted(root.glob("*/summary.json"))]:
+        for candidate in [root / SUMMARY_FILE, *sorted(root.glob(f"*/{SUMMARY_FILE}"))]:
             summary = read_summary(candidate)
             if summary is not None and isinstance(summary.get("config"), dict):
                 return summary["config"]

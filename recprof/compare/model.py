@@ -24,12 +24,13 @@ from typing import Any
 
 import orjson
 
-from recprof import __version__, units
+from recprof import units
 from recprof.analysis.model import CollectiveStats, StepMetrics
 from recprof.compare.gate import GateResult, regression_gate
 from recprof.compare.loading import MODEL_KEYS, Run
 from recprof.nestpipe.knobs import KNOBS
 from recprof.trace.vocabulary import STAGES
+from recprof.version import __version__
 
 SCHEMA = "recprof.compare/1"
 LOGS_SOURCE = "capture step logs (unprofiled steps)"

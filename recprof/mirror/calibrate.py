@@ -23,10 +23,10 @@ from pathlib import Path
 import yaml
 
 from recprof.analysis import analyze_paths
-from recprof.capture.layout import STEADY_PROFILED_STEPS
-from recprof.capture.rank_meta import usable_cores
 from recprof.errors import RecprofError
+from recprof.host import usable_cores
 from recprof.mirror.derive import Mirror, dense_us
+from recprof.runfolder.layout import STEADY_PROFILED_STEPS
 
 #: Relative error of dense time within which the widths are kept: a third of the 15% the
 #: mirror is judged by, since a calibration run and a capture of the same widths differ by

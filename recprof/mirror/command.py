@@ -12,25 +12,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from recprof.analysis.inputs import one_job
 from recprof.analysis.model import JobAnalysis
-from recprof.analysis.run import open_run
 from recprof.errors import RecprofError
 from recprof.mirror.calibrate import Try, calibrate, calibration_ranks
 from recprof.mirror.derive import Mirror, derive
-from recprof.report.command import load_result
-
-
-def one_job(paths: list[Path]) -> JobAnalysis:
-    """The one job analysed from `paths` (traces, a run's capture folders or the folder holding
-    them, or an analysis JSON); capture folders of more than one job are refused."""
-    open_run(paths)
-    result = load_result(paths)
-    if result.errors and not result.jobs:
-        raise RecprofError(f"{paths[0]}: {result.errors[0]}")
-    if len(result.jobs) != 1:
-        ids = ", ".join(j.id for j in result.jobs) or "none"
-        raise RecprofError(f"{paths[0]}: expected one job, found {len(result.jobs)} ({ids})")
-    return result.jobs[0]
 
 
 def derive_with_status(job: JobAnalysis, console: Console) -> Mirror:

@@ -27,7 +27,7 @@ _STEPS = 12
 
 def exchange_bytes(cfg: TrainConfig, world: int) -> float:
     """The trainer's all-to-all bytes per step and rank under `cfg` (mean over ranks)."""
-    from recprof.whatif.traffic import traffic, wire_bytes
+    from recprof.nestpipe.traffic import traffic, wire_bytes
 
     fwd, bwd, _ = wire_bytes(cfg)
     ranks = traffic(cfg, world).ranks.values()

@@ -237,7 +237,7 @@ class SyntheticSource:
     def routing_batch(self, stream: int, index: int) -> Batch:
         """Global batch `index` as routing sees it: the same ids and bag lengths as
         `global_batch`, no dense features, labels 0. The what-if counts each knob's traffic
-        on the job's own batches (whatif/traffic.py); the dense values and labels it never
+        on the job's own batches (nestpipe/traffic.py); the dense values and labels it never
         reads were most of the cost of a 128-rank job's batches."""
         n = self.cfg.batch_size
         sparse = self._sparse(stream, index, 0, n)

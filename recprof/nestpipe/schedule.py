@@ -23,22 +23,50 @@ result is needed (`embedding.Pending`), and DBP's next window is prepared on a c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from recprof.nestpipe.data import Feed
+from recprof.nestpipe.data import Batch, Feed
 from recprof.nestpipe.streams import Streams
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from recprof.nestpipe.config import TrainConfig
     from recprof.nestpipe.embedding import Window
-    from recprof.nestpipe.trainer import Trainer
+    from recprof.nestpipe.sharding import Groups
+
+
+class StepWork(Protocol):
+    """What a schedule asks of the model side of a step (recprof/nestpipe/trainer.py's
+    `Trainer`). The loop (`train`) knows the schedule and the schedule knows this work, never
+    the loop, as in TorchRec's train_pipeline."""
+
+    cfg: TrainConfig
+    groups: Groups
+    device: torch.device
+
+    def prepare(self, batch: Batch, previous: Window | None = None,
+                group: dist.ProcessGroup | None = None) -> Window:
+        """Route the batch's keys and start its embedding fetches."""
+        ...
+
+    def finish(self, window: Window, after_first: Callable[[], None] | None = None
+               ) -> tuple[float, torch.Tensor]:
+        """Compute, exchange gradients and update: (global mean loss, updated slots)."""
+        ...
+
+    def refresh(self, window: Window, updated: torch.Tensor) -> None:
+        """Bring a window prefetched before the last update up to date."""
+        ...
 
 
 class Synchronous:
     """One window per step: prepared, then trained (the baseline; FWP within the window)."""
 
-    def __init__(self, trainer: Trainer, feed: Feed) -> None:
+    def __init__(self, trainer: StepWork, feed: Feed) -> None:
         self.trainer, self.feed = trainer, feed
 
     def step(self, last: bool) -> tuple[float, torch.Tensor]:
@@ -62,7 +90,7 @@ class DualBuffer:
          the rows the update changed (the refresh's all-to-alls, sharding group).
     """
 
-    def __init__(self, trainer: Trainer, feed: Feed) -> None:
+    def __init__(self, trainer: StepWork, feed: Feed) -> None:
         self.trainer, self.feed = trainer, feed
         self.streams = Streams(trainer.device)
         self.upcoming: Window | None = self._prefetch(None)
@@ -98,6 +126,6 @@ class DualBuffer:
         return loss, updated
 
 
-def make_schedule(trainer: Trainer, feed: Feed) -> Synchronous | DualBuffer:
+def make_schedule(trainer: StepWork, feed: Feed) -> Synchronous | DualBuffer:
     """The schedule the config asks for."""
     return DualBuffer(trainer, feed) if trainer.cfg.dbp else Synchronous(trainer, feed)

@@ -56,8 +56,8 @@ from recprof.nestpipe.model import DenseArch
 from recprof.nestpipe.schedule import make_schedule
 from recprof.nestpipe.sharding import Groups, make_groups
 from recprof.nestpipe.state import gather_state
+from recprof.nestpipe.summary import METRICS_FILE, SUMMARY_SCHEMA, write_summary
 
-SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
 BYTE_KINDS = ("key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce",
               "dbp_refresh")
 
@@ -253,7 +253,7 @@ def train(
     metrics_fh = None
     if out is not None and is_main:
         out.mkdir(parents=True, exist_ok=True)
-        metrics_fh = (out / "metrics.jsonl").open("w")
+        metrics_fh = (out / METRICS_FILE).open("w")
     feed = Feed(cfg, TRAIN_STREAM, cfg.steps, groups.rank, groups.world, cfg.num_workers,
                 device, trainer.dtype)
     walls, waits, loss = [], [], float("nan")
@@ -290,5 +290,5 @@ def train(
         "wall_s": time.perf_counter() - started,
     }
     if out is not None and is_main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_summary(out, summary)
     return summary if is_main else None

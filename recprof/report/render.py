@@ -20,12 +20,12 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from recprof import __version__
 from recprof.analysis.model import AnalysisResult
 from recprof.errors import RecprofError
 from recprof.report.safe import finite, script_json
 from recprof.report.sections import Part
 from recprof.report.view import job_part
+from recprof.version import __version__
 
 DEFAULT_DIR = Path("reports")
 PLOTLY_CDN = "https://cdn.plot.ly/plotly-{version}.min.js"

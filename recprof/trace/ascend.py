@@ -50,7 +50,9 @@ from recprof.trace.build import (
     _Interner,
     _no_collection,
     _step_number,
+    host_waits,
 )
+from recprof.trace.devices import facts
 from recprof.trace.model import (
     Activities,
     ActivityClass,
@@ -461,6 +463,8 @@ class _Builder:
         tasks: list[tuple[_Timed, dict[str, Any]]] = []
         ops: list[tuple[_Timed, dict[str, Any]]] = []
         planes: list[tuple[_Timed, dict[str, Any], int]] = []
+        waited_in = facts(DeviceKind.NPU).host_waits
+        waits: list[tuple[float, float, str]] = []  # AscendCL calls that wait for the device
         for e in read.events:
             process = role.get(e.pid)
             low = e.cat.lower()
@@ -475,6 +479,8 @@ class _Builder:
                     continue
                 host_ops.append((e.start, e.end, e.name, e.pid, e.tid, {}, low))
             elif process == RUNTIME_PROCESS:
+                if e.name in waited_in:
+                    waits.append((e.start, e.end, e.name))
                 conn = self._args(e).get("connection_id")
                 if conn is not None:
                     runtime[conn] = (e.start, e.pid, e.tid)
@@ -529,10 +535,12 @@ class _Builder:
             host=None,
             process_groups={g: m for g, m in groups.items() if g} if world is not None else {},
             origin_us=float(self.origin))
+        host_fields = host.trace_fields(self.names)
         return RankTrace(
             header=header, lanes=self.lanes.values, names=self.names.values,
-            activities=rows.activities(), steps=steps, **host.trace_fields(self.names),
-            warnings=self.warnings, subtasks=subtasks)
+            activities=rows.activities(), steps=steps, **host_fields,
+            warnings=self.warnings, subtasks=subtasks,
+            host_waits=host_waits(waits, waited_in, self.names))
 
     def _launches(self, main_tid: tuple[Any, Any] | None) -> _Launches:
         """When the torch op that issued each device event started, and whether on the main

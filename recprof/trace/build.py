@@ -32,6 +32,7 @@ from recprof.trace.model import (
     TraceHeader,
 )
 from recprof.trace.reader import CheckedEvent, RawTrace, TraceEvent, TraceFileError
+from recprof.trace.shapes import ELEMENTWISE, op_bytes
 from recprof.trace.vocabulary import (
     COLLECTIVE_KINDS,
     PURPOSES,
@@ -76,6 +77,9 @@ _MAX_ID = sanitize.MAX_COUNT
 #: The arguments of a host op that is not a collective call: never read, so never decoded
 #: (shared, and never written to).
 _UNREAD: dict[str, Any] = {}
+#: The runtime calls in which a host waits for its device, of every kind of device the build
+#: reads (`DeviceFacts.host_waits`); those of the trace's own kind are kept.
+_HOST_WAIT_CALLS = frozenset().union(*(device_facts(k).host_waits for k in DeviceKind))
 
 
 # start, end, name, pid, tid, args, category
@@ -328,6 +332,10 @@ def _build(raw: RawTrace) -> RankTrace:
     gloo_ops: list[_HostOp] = []
     stream_waits: list[tuple[float, Any, dict[str, Any]]] = []  # ts, device pid, args
     event_records: list[int] = []  # correlation ids of the runtime calls that record events
+    waits: list[tuple[float, float, str]] = []  # runtime calls that may wait for the device
+    # Elementwise ops, their arguments still undecoded: read only if the device queues work.
+    elementwise: list[tuple[str, CheckedEvent | TraceEvent]] = []
+    kernel_ids: list[tuple[Any, float]] = []  # each kernel's External id and duration
     has_gpu = has_mtia = False
     first_ts = float("inf")
     categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
@@ -361,6 +369,8 @@ def _build(raw: RawTrace) -> RankTrace:
             name, role = seen
             if role is _OP:
                 host_ops.append((ts, end, name, pid, tid, _UNREAD, cat))
+                if name in ELEMENTWISE:
+                    elementwise.append((name, ev))
             elif role is _STEP_OP:
                 number = _step_number(name)
                 if number is None:
@@ -377,9 +387,13 @@ def _build(raw: RawTrace) -> RankTrace:
         elif cat_role is _DEVICE:
             has_gpu = has_gpu or cat not in _MTIA_DEVICE_CATS
             has_mtia = has_mtia or cat in _MTIA_DEVICE_CATS
-            device_events.append((ts, end, cat, name, pid, tid,
-                                  sanitize.event_args(raw.args(ev))))
+            args = sanitize.event_args(raw.args(ev))
+            device_events.append((ts, end, cat, name, pid, tid, args))
+            if cat in _KERNEL_CATS and "External id" in args:
+                kernel_ids.append((args["External id"], dur))
         elif cat_role is _RUNTIME:
+            if name in _HOST_WAIT_CALLS:
+                waits.append((ts, end, name))
             corr = sanitize.count(raw.correlation(ev))
             if corr is not None and name in _EVENT_RECORDS:
                 event_records.append(corr)
@@ -445,6 +459,8 @@ def _build(raw: RawTrace) -> RankTrace:
     if not len(rows.start):
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
     header.devices = sorted({ev[4] for ev in device_events if type(ev[4]) is int})
+    host_fields = host.trace_fields(names)
+    queued = device_facts(device_kind).queues_work
 
     return RankTrace(
         header=header,
@@ -452,11 +468,44 @@ def _build(raw: RawTrace) -> RankTrace:
         names=names.values,
         activities=rows.activities(),
         steps=steps,
-        **host.trace_fields(names),
+        **host_fields,
         stream_waits=_stream_waits(stream_waits, device_events, sorted(event_records), lanes,
                                    _lane_namer(device_kind)),
         warnings=warnings,
+        host_waits=host_waits(waits, device_facts(device_kind).host_waits, names),
+        elementwise=(_elementwise_kernels(raw, elementwise, kernel_ids) if queued
+                     else np.zeros((0, 2))),
     )
+
+
+def host_waits(calls: list[tuple[float, float, str]], kept: frozenset[str],
+                names: _Interner) -> HostSpans:
+    """The runtime calls among `calls` named in `kept` (the device kind's host waits)."""
+    calls = [c for c in calls if c[2] in kept]
+    return HostSpans(start=np.array([c[0] for c in calls], dtype=np.float64),
+                     end=np.array([c[1] for c in calls], dtype=np.float64),
+                     name=np.array([names(c[2]) for c in calls], dtype=np.int32))
+
+
+def _elementwise_kernels(raw: RawTrace, ops: list[tuple[str, CheckedEvent | TraceEvent]],
+                         kernel_ids: list[tuple[Any, float]]) -> np.ndarray:
+    """[bytes, kernel us] of each elementwise op whose recorded shapes give its bytes and that
+    launched exactly one kernel (paired by `External id`). An op whose arguments cannot be
+    decoded is left out: these prices are optional, the file is not at fault."""
+    sizes: dict[Any, float] = {}
+    for name, ev in ops:
+        try:
+            args = sanitize.event_args(raw.args(ev))
+        except TraceFileError:
+            continue
+        if isinstance(args, dict) and (nbytes := op_bytes(name, args)) is not None:
+            sizes[args.get("External id")] = nbytes
+    kernels: dict[Any, list[float]] = {}
+    for external, dur in kernel_ids:
+        kernels.setdefault(external, []).append(dur)
+    rows = [(sizes[k], d[0]) for k, d in kernels.items() if k in sizes and len(d) == 1
+            and d[0] > 0]
+    return np.array(rows, dtype=np.float64).reshape(-1, 2)
 
 
 @dataclass

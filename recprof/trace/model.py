@@ -107,6 +107,13 @@ class HostSpans:
     end: np.ndarray
     name: np.ndarray  # index into RankTrace.names
 
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    @staticmethod
+    def empty() -> HostSpans:
+        return HostSpans(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int32))
+
 
 @dataclass
 class StreamWaits:
@@ -187,3 +194,10 @@ class RankTrace:
     framework_marks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     subtasks: SubTasks | None = None
+    #: Runtime calls in which the host blocked until its device caught up (its kind's
+    #: `DeviceFacts.host_waits`: a stream synchronize, a synchronous copy), on any thread.
+    host_waits: HostSpans = field(default_factory=HostSpans.empty)
+    #: On a device that queues work: each elementwise op (trace/shapes.py) whose recorded
+    #: shapes give its bytes and that launched exactly one kernel, as a row [bytes, kernel us]
+    #: (what the device charges to stream bytes: the what-if's memory line).
+    elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))

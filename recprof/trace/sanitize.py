@@ -200,6 +200,8 @@ def _key_arg(value: Any) -> int | str | None:
 #: never read, so they are not copied.
 _ARGS = {
     "correlation": count,
+    # pairs an op with the kernels it launched (trace/build.py's elementwise kernels)
+    "External id": count,
     "stream": _key_arg,
     "direction": _text_arg,
     "Collective name": _text_arg,

@@ -14,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from recprof.analysis.inputs import load_result
 from recprof.errors import RecprofError
-from recprof.report.command import load_result
 from recprof.view.logdir import lay_out
 from recprof.view.plugin import PAGE_FRAGMENT, TensorBoard, check_installed, free_port
 

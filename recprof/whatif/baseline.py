@@ -3,7 +3,7 @@ and transfer of each collective, and the unprofiled step time.
 
 Read from the analysis (any input `recprof analyze` reads), plus what only the run holds: the
 trainer's config, when the job is the built-in trainer (its knobs and its keys), and each
-rank's capture metadata (recprof/analysis/run.py: its cores, its CPU). What the job's device
+rank's capture metadata (recprof/runfolder/run.py: its cores, its CPU). What the job's device
 charges for work the capture did not run is device.py's.
 """
 
@@ -16,9 +16,10 @@ from pathlib import Path
 
 from recprof.analysis.idle import DATA_LOADING, DEVICE_HELD
 from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis, SharedDevice
-from recprof.analysis.run import Run, run_of_context
-from recprof.capture.rank_meta import usable_cores
+from recprof.analysis.run_context import run_of_context
 from recprof.errors import RecprofError
+from recprof.host import usable_cores
+from recprof.runfolder.run import Run
 from recprof.trace.devices import facts
 from recprof.trace.vocabulary import PURPOSE_STAGE
 from recprof.whatif.costs import LinkFit, Span, fit_links, fit_spans, transfer_us

@@ -54,7 +54,7 @@ def whatif(
     Example: recprof whatif recprof-runs/demo --try micro_batches=4 --try qcomms=fp16,dbp=true
     """
     # Imported here: `recprof --help` and every other command start without scipy and torch.
-    from recprof.mirror.command import one_job
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
 

@@ -37,31 +37,14 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from recprof import units
+from recprof.analysis.model import JobAnalysis
 from recprof.trace.devices import facts
 
-#: The stages micro-batching runs once per micro-batch (decode, dense forward and backward,
-#: gradient encode): each repeats its fixed per-op cost N times.
-MICRO_BATCH_STAGES = ("embedding_a2a", "dense_forward", "dense_backward", "embedding_grad_a2a")
-#: The quantile of those stages' op durations taken as the per-op fixed cost on a CPU
-#: (dispatch, allocation): the shortest ops of a pass are almost nothing but that cost.
-OP_FLOOR_QUANTILE = 0.1
-#: Rank traces scanned for the device's elementwise kernels (they share one kind of device).
-SCANNED_RANKS = 4
-#: ATen ops priced by the memory line: one kernel reading its inputs and writing its output.
-#: In-place ones write their first input.
-_ELEMENTWISE = {"aten::copy_", "aten::add", "aten::sub", "aten::mul", "aten::div",
-                "aten::add_", "aten::sub_", "aten::mul_", "aten::div_", "aten::abs",
-                "aten::clamp_min", "aten::neg", "aten::fill_"}
-#: Element sizes of the `Input type` names the profiler records.
-_DTYPE_BYTES = {"float": 4, "double": 8, "long int": 8, "int": 4, "short int": 2,
-                "c10::Half": 2, "c10::BFloat16": 2, "bool": 1, "unsigned char": 1,
-                "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
 #: Kernels at most this size time the device's floor per kernel (their bytes take well under
 #: a microsecond at any accelerator's bandwidth); at least the large size, its bandwidth.
 SMALL_KERNEL_BYTES = 64 * 1024
@@ -237,26 +220,23 @@ def describe(costs: DeviceCosts) -> str:
     return f"{device}: elementwise kernels {memory}; {issue}"
 
 
-def device_costs(kind: str, files: dict[int, str], cpu_model: str | None = None) -> DeviceCosts:
-    """The prices of the device of a job of `kind`, from its ranks' trace files (rank -> path;
-    the ones that are gone are left out)."""
+def device_costs(job: JobAnalysis, cpu_model: str | None = None) -> DeviceCosts:
+    """The prices of the device of an analysed job, from the analysis's device-work pass
+    (recprof/analysis/device_work.py: each rank's `device_work`, the job's `device_prices`);
+    no trace is reopened."""
+    kind = job.device_kind
     queued = facts(kind).queues_work
     costs = DeviceCosts(kind=kind, queues_work=queued, cpu_model=cpu_model)
-    present = {r: Path(f) for r, f in files.items() if Path(f).is_file()}
-    samples: list[tuple[float, float]] = []
-    issue: list[float] = []
-    for i, (rank, path) in enumerate(sorted(present.items())):
-        scanned = _scan(path, queued, with_kernels=queued and i < SCANNED_RANKS)
-        if scanned is None:
-            continue
-        ops, kernels, gaps = scanned
-        if ops is not None:
-            costs.ranks[rank] = ops
-        samples += kernels
-        issue += gaps
-    if queued and issue:
-        costs.issue_us = float(statistics.median(issue))
-    costs.memory = fit_memory_line(samples) if samples else None
+    for rank in sorted(job.ranks, key=lambda r: r.rank):
+        work = rank.device_work
+        if work is not None:
+            costs.ranks[rank.rank] = RankOps(dict(work.ops_per_step), work.op_floor_us,
+                                             work.host_waits_us)
+    prices = job.device_prices
+    if prices is not None:
+        costs.issue_us = prices.launch_gap_us if queued else None
+        samples = [(float(b), float(d)) for b, d in prices.elementwise]
+        costs.memory = fit_memory_line(samples) if samples else None
     return costs
 
 
@@ -281,109 +261,10 @@ def fit_memory_line(samples: list[tuple[float, float]]) -> MemoryLine | None:
                       float(x[large].max()))
 
 
-def _scan(path: Path, queued: bool, with_kernels: bool
-          ) -> tuple[RankOps | None, list[tuple[float, float]], list[float]] | None:
-    """One rank trace: its micro-batch stages' ops and fixed cost per op, its elementwise
-    kernels' (bytes, us) and the host's gaps between consecutive launches in those stages."""
-    from recprof.analysis.stages import attribute
-    from recprof.analysis.windows import step_windows
-    from recprof.trace import build_rank_trace, read_trace
-    from recprof.trace.model import ActivityClass
-    from recprof.trace.reader import TraceFileError
-    from recprof.trace.vocabulary import STAGES
-
-    try:
-        trace = build_rank_trace(read_trace(path))
-        kernels, waits = (_device_work(path, facts(trace.header.device_kind).host_waits,
-                                       with_kernels) if queued else ([], []))
-    except TraceFileError:
-        return None
-    windows, _ = step_windows(trace)
-    acts = trace.activities
-    stage = attribute(trace).stage
-    inside = np.zeros(len(acts), dtype=bool)
-    for w in windows:
-        inside |= (acts.start >= w.start) & (acts.end <= w.end)
-    ops = inside & (acts.klass == ActivityClass.COMPUTE)
-    repeated = ops & np.isin(stage, [STAGES.index(s) for s in MICRO_BATCH_STAGES])
-    if not repeated.any():
-        return None, kernels, []
-    counts = {s: float((ops & (stage == STAGES.index(s))).sum()) / max(len(windows), 1)
-              for s in MICRO_BATCH_STAGES}
-    gaps: list[float] = []
-    if queued:
-        # The host's issue cost: per launching thread, the gap from one launch to the next.
-        for lane in np.unique(acts.lane[repeated]):
-            launches = np.sort(acts.launch[repeated & (acts.lane == lane)])
-            launches = launches[np.isfinite(launches)]
-            gaps += np.diff(launches).tolist()
-        floor = float(np.median(gaps)) if gaps else float("nan")
-        blocked = sum(min(end, w.end) - max(start, w.start)
-                      for start, end in waits for w in windows
-                      if start < w.end and end > w.start) / max(len(windows), 1)
-    else:
-        durations = acts.end[repeated] - acts.start[repeated]
-        floor = float(np.quantile(durations, OP_FLOOR_QUANTILE))
-    return ((RankOps(counts, floor, blocked if queued else 0.0) if np.isfinite(floor)
-             else None), kernels, gaps)
-
-
-def _device_work(path: Path, host_waits: frozenset[str], with_kernels: bool
-                 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """From the raw trace: (bytes, duration us) of each elementwise op that launched one
-    kernel and whose recorded shapes and types give its bytes (when `with_kernels`), and the
-    (start, end) of each runtime call in which the host waited for its device."""
-    from recprof.trace import read_trace
-
-    raw = read_trace(path)
-    ops: dict[Any, float] = {}
-    kernels: dict[Any, list[float]] = {}
-    waits: list[tuple[float, float]] = []
-    for ev in raw.consume():
-        cat = ev.cat.lower() if isinstance(ev.cat, str) else ""
-        if ev.ph == "X" and ev.name in host_waits and isinstance(ev.ts, int | float) \
-                and isinstance(ev.dur, int | float):
-            waits.append((float(ev.ts), float(ev.ts) + float(ev.dur)))
-        elif not with_kernels:
-            continue
-        elif cat == "cpu_op" and ev.name in _ELEMENTWISE:
-            args = raw.args(ev)
-            if isinstance(args, dict) and (nbytes := _op_bytes(ev.name, args)) is not None:
-                ops[args.get("External id")] = nbytes
-        elif cat == "kernel" and isinstance(ev.dur, int | float):
-            args = raw.args(ev)
-            if isinstance(args, dict) and "External id" in args:
-                kernels.setdefault(args["External id"], []).append(float(ev.dur))
-    return ([(ops[k], d[0]) for k, d in kernels.items()
-             if k in ops and len(d) == 1 and d[0] > 0], waits)
-
-
-def _op_bytes(name: str, args: dict[str, Any]) -> float | None:
-    """The bytes an elementwise op reads and writes, from its recorded input shapes and types:
-    every tensor input read once, the output written (in place: the first input)."""
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if not isinstance(dims, list) or not isinstance(types, list) or not dims:
-        return None
-    sizes = []
-    for shape, dtype in zip(dims, types, strict=False):
-        if not isinstance(shape, list) or not shape:
-            continue  # a scalar or an absent optional
-        if dtype not in _DTYPE_BYTES or not all(isinstance(d, int) and d >= 0 for d in shape):
-            return None
-        sizes.append(float(np.prod(shape)) * _DTYPE_BYTES[dtype])
-    if not sizes:
-        return None
-    if name in ("aten::copy_", "aten::fill_"):
-        return sum(sizes)  # the source read (if any), the destination written
-    if name.endswith("_"):
-        return sum(sizes) + sizes[0]  # every input read, the first written in place
-    return sum(sizes) + max(sizes)  # every input read, an output of the broadcast shape
-
-
 def _this_cpu() -> str | None:
-    from recprof.capture.rank_meta import _cpu_model
+    from recprof.host import cpu_model
 
-    return _cpu_model() or platform.processor() or None
+    return cpu_model() or platform.processor() or None
 
 
 def measure_codec(cfg: Any, qcomms: str, rows: int) -> CodecCost:

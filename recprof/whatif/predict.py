@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recprof.analysis.frameworks import WIRE_PRECISIONS
-from recprof.capture.layout import STEADY_PROFILED_STEPS
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
+from recprof.nestpipe.traffic import Traffic, traffic
+from recprof.runfolder.layout import STEADY_PROFILED_STEPS
 from recprof.whatif.baseline import LOADER_BOUND_SHARE, Baseline
 from recprof.whatif.costs import Network, describe_span
 from recprof.whatif.device import CodecCost, describe, device_costs
@@ -29,7 +30,6 @@ from recprof.whatif.scenarios import (
     trainer_plan,
     with_knobs,
 )
-from recprof.whatif.traffic import Traffic, traffic
 
 SCHEMA = "recprof.whatif/1"
 #: Knobs the replay models for the built-in trainer; the others are refused with a reason.
@@ -136,9 +136,7 @@ class Predictor:
         # What work the capture did not run costs on the job's own device (device.py).
         first = base.capture.meta(min(base.ranks)) if base.capture else None
         cpu = first.get("cpu") if first else None
-        self.costs = device_costs(base.job.device_kind,
-                                  {r.rank: r.file for r in base.job.ranks},
-                                  cpu_model=cpu if isinstance(cpu, str) else None)
+        self.costs = device_costs(base.job, cpu_model=cpu if isinstance(cpu, str) else None)
         self._traffic: dict[str, Traffic] = {}
         if self.cfg is not None:
             self.reference = self._traffic_of(self.knobs, base.world)

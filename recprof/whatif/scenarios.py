@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recprof import units
+from recprof.analysis.device_work import MICRO_BATCH_STAGES
+from recprof.nestpipe.traffic import KEY_BYTES, Traffic, wire_bytes
 from recprof.trace.vocabulary import PURPOSE_STAGE, UNKNOWN_PURPOSE
 from recprof.whatif.baseline import Baseline, RankBaseline
 from recprof.whatif.costs import Network
-from recprof.whatif.device import MICRO_BATCH_STAGES, CodecCost, DeviceCosts
+from recprof.whatif.device import CodecCost, DeviceCosts
 from recprof.whatif.replay import (
     Collective,
     Compute,
@@ -34,7 +36,6 @@ from recprof.whatif.replay import (
     Replay,
     Wait,
 )
-from recprof.whatif.traffic import KEY_BYTES, Traffic, wire_bytes
 
 
 @dataclass

@@ -141,7 +141,7 @@ def test_bad_paths_and_step_specs(tmp_path: Path, shared_traces: Path) -> None:
 
 
 def test_step_selection(shared_traces: Path) -> None:
-    from recprof.analysis.windows import parse_step_spec
+    from recprof.options import parse_step_spec
 
     assert parse_step_spec("4,6-7") == {4, 6, 7}
     job = analyze_paths([shared_traces / SST], steps={5}).jobs[0]

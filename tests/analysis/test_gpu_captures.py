@@ -27,9 +27,10 @@ import numpy as np
 import pytest
 
 from recprof.analysis import AnalysisResult, analyze_paths
+from recprof.analysis.document import load_analysis_json
 from recprof.analysis.idle import DEVICE_HELD, HOST_BOUND_LAUNCH
 from recprof.analysis.intervals import IntervalSet
-from recprof.analysis.model import JobAnalysis, RankAnalysis, SharedDevice, load_analysis_json
+from recprof.analysis.model import JobAnalysis, RankAnalysis, SharedDevice
 
 #: The acceptance margin on the host-bound part (issue 36): at most the launch-gap share the
 #: trace shows, within 10%.

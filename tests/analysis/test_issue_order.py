@@ -25,7 +25,7 @@ from job_failure import assert_captured
 
 from recprof.analysis import analyze_paths
 from recprof.analysis.model import JobAnalysis
-from recprof.capture import issue_log
+from recprof.runfolder import issue_log
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = (Path(os.environ.get("RECPROF_SHARED", REPO.parent / "shared")) / "gpu").resolve()

@@ -1,4 +1,4 @@
-"""A run captured per node is one run to every command (recprof/analysis/run.py).
+"""A run captured per node is one run to every command (recprof/runfolder/run.py).
 
 Two layouts, both real: the H100 captures in ../shared/gpu (two `torchrun --nnodes 2` launchers,
 each under its own `recprof capture --out nodeK`), and four one-rank "nodes" of the built-in
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recprof.analysis.run import CaptureFolder, find_runs, not_one_job, open_run
 from recprof.errors import RecprofError
+from recprof.runfolder.run import CaptureFolder, find_runs, not_one_job, open_run
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = (Path(os.environ.get("RECPROF_SHARED", REPO.parent / "shared")) / "gpu").resolve()

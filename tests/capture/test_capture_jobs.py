@@ -40,8 +40,8 @@ from ci_output import assert_tables_whole
 
 from recprof.analysis import load_analysis_json
 from recprof.analysis.frameworks import knobs_of
-from recprof.capture.command import NO_TRACE_EXIT, SUMMARY_COLUMNS
-from recprof.capture.window_check import SETTLE_BLOCK
+from recprof.flows.capture import NO_TRACE_EXIT, SUMMARY_COLUMNS
+from recprof.runfolder.steps import SETTLE_BLOCK
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

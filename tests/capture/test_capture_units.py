@@ -13,13 +13,14 @@ import pytest
 from capture_helpers import REPO_ROOT
 from typer.testing import CliRunner
 
-from recprof.capture import layout, torchrun_record
+from recprof.capture import torchrun_record
 from recprof.capture.launcher import INJECT_DIR, JobResult
-from recprof.capture.layout import Phase, Schedule, StepSource
 from recprof.capture.manifest import build_manifest
 from recprof.capture.step_clock import FORWARD_PATIENCE, StepClock
 from recprof.cli import app
 from recprof.errors import RecprofError
+from recprof.runfolder import layout
+from recprof.runfolder.layout import Phase, Schedule, StepSource
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -228,7 +229,7 @@ def test_run_context_counts_the_machines_behind_the_hosts(tmp_path: Path) -> Non
     """Ranks whose metas carry one kernel boot id ran on one machine, whatever hostnames their
     containers or namespaces report; a rank without one leaves the count unknown."""
     from recprof.analysis.run_context import read_run_context
-    from recprof.capture.rank_meta import machine_id
+    from recprof.host import machine_id
 
     run = tmp_path / "run"
     (run / layout.TRACES).mkdir(parents=True)

@@ -17,9 +17,13 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.distributed import HashStore  # noqa: E402
 
-from recprof.capture import layout  # noqa: E402
 from recprof.capture.hook import RankCapture  # noqa: E402
-from recprof.capture.layout import (  # noqa: E402
+from recprof.capture.on_demand import POLL_STEPS, OnDemand, SlowdownWatch, first_start  # noqa: E402
+from recprof.capture.progress import describe  # noqa: E402
+from recprof.capture.rank_voice import RankVoice  # noqa: E402
+from recprof.capture.settle import Alone, StoreAgreement  # noqa: E402
+from recprof.runfolder import layout  # noqa: E402
+from recprof.runfolder.layout import (  # noqa: E402
     EventKind,
     Phase,
     ProfilerStatus,
@@ -28,11 +32,7 @@ from recprof.capture.layout import (  # noqa: E402
     WindowReason,
     WindowStatus,
 )
-from recprof.capture.on_demand import POLL_STEPS, OnDemand, SlowdownWatch, first_start  # noqa: E402
-from recprof.capture.progress import describe  # noqa: E402
-from recprof.capture.rank_voice import RankVoice  # noqa: E402
-from recprof.capture.settle import Alone, StoreAgreement  # noqa: E402
-from recprof.capture.window_check import SETTLE_BLOCK  # noqa: E402
+from recprof.runfolder.steps import SETTLE_BLOCK  # noqa: E402
 
 STEADY = 0.020
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from capture_helpers import (
 from ci_output import assert_tables_whole
 
 from recprof.capture.on_demand import POLL_STEPS
-from recprof.capture.window_check import SETTLE_BLOCK
-from recprof.capture.windows import WINDOW_COLUMNS
+from recprof.flows.windows import WINDOW_COLUMNS
+from recprof.runfolder.steps import SETTLE_BLOCK
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

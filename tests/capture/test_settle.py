@@ -11,10 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.distributed import HashStore, TCPStore  # noqa: E402
 
-from recprof.capture.layout import Schedule, WindowStart  # noqa: E402
 from recprof.capture.profiler_window import ProfilerWindow  # noqa: E402
 from recprof.capture.settle import Alone, SettleWatch, StoreAgreement  # noqa: E402
-from recprof.capture.window_check import SETTLE_BLOCK, SETTLE_SKIP  # noqa: E402
+from recprof.runfolder.layout import Schedule, WindowStart  # noqa: E402
+from recprof.runfolder.steps import SETTLE_BLOCK, SETTLE_SKIP  # noqa: E402
 
 STEADY = 0.020
 FIRST_DECISION = SETTLE_SKIP + 2 * SETTLE_BLOCK  # the first boundary with two blocks behind it

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from recprof.capture import layout
-from recprof.capture.command import NO_TRACE_EXIT, exit_status
 from recprof.capture.launcher import JobResult
-from recprof.capture.layout import ExitStatus, Phase, ProfilerStatus, Schedule, StepRecord
 from recprof.capture.manifest import build_manifest
-from recprof.capture.window_check import (
+from recprof.flows.capture import NO_TRACE_EXIT, exit_status
+from recprof.runfolder import layout
+from recprof.runfolder.layout import ExitStatus, Phase, ProfilerStatus, Schedule, StepRecord
+from recprof.runfolder.steps import (
     SETTLE_BLOCK,
     SETTLE_TOLERANCE,
+    STARTUP_STEPS,
     WINDOW_DEVIATION_LIMIT,
     check_window,
     settling,
@@ -149,10 +150,12 @@ def test_the_online_criterion_compares_the_last_two_blocks(times: list[float],
 
 
 def test_without_steps_after_the_window_the_wait_steps_are_the_reference() -> None:
+    """Past start-up (`STARTUP_STEPS`): the one steady-step rule the analysis times the job
+    with (runfolder/steps.py, `steady_steps`)."""
     times = [STEADY] * 5 + [0.016] * 2 + [0.016] * 5 + [STEADY]  # steps 0-12: one after
     check = check_window([_log(times)], DEFAULT)
     assert check is not None and not check.representative
-    assert check.steady_phase == Phase.WAIT and check.steady_steps == [0, 4]
+    assert check.steady_phase == Phase.WAIT and check.steady_steps == [STARTUP_STEPS, 4]
     assert check.suggestion is None and check.settled_from is None
     assert check.before_steps is None and check.profiler_overhead is None
 

@@ -13,11 +13,11 @@ import pytest
 from ci_output import assert_tables_whole
 from compare_helpers import run_compare
 
-from recprof.analysis.run_context import timed_steps
-from recprof.capture import layout
 from recprof.compare.loading import load_run
 from recprof.compare.model import LOGS_SOURCE, compare_runs
 from recprof.compare.view import RUN_COLUMNS
+from recprof.runfolder import layout
+from recprof.runfolder.steps import timed_steps
 
 pytestmark = pytest.mark.slow
 
@@ -207,8 +207,8 @@ def test_help_teaches_with_examples() -> None:
 
 
 def test_logged_steps_are_the_analysis_definition(trainer_run: Callable[[str], Path]) -> None:
-    """The gate's step-log series uses run_context.timed_steps, the steps the analysis times the
-    job with: rank by rank, its steps are exactly the log's unprofiled steps."""
+    """The gate's step-log series uses `timed_steps` (runfolder/steps.py), the steps the
+    analysis times the job with: rank by rank, its steps are exactly the log's unprofiled steps."""
     run_dir = trainer_run("2ranks")
     run = load_run(run_dir)
     logs = [layout.read_step_log(run_dir, r) for r in (0, 1)]

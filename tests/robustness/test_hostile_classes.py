@@ -246,7 +246,7 @@ def _analysis_doc(shared: Path, tmp_path: Path) -> dict[str, Any]:
 ])
 def test_an_analysis_document_with_nulls_fails_with_one_line(
         tmp_path: Path, shared_traces: Path, damage: Any, field: str | None) -> None:
-    from recprof.report.command import load_result
+    from recprof.analysis.inputs import load_result
     from recprof.report.render import render_report
 
     doc = _analysis_doc(shared_traces, tmp_path)

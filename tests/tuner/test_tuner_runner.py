@@ -247,7 +247,7 @@ def test_multi_node_needs_a_launcher() -> None:
 
 
 def test_unprofiled_throughput_reads_the_steps_after_the_window(tmp_path: Path) -> None:
-    from recprof.capture import layout
+    from recprof.runfolder import layout
     from tuner.runner import unprofiled_throughput
 
     phases = [layout.Phase.WAIT] * 3 + [layout.Phase.WARMUP] + [layout.Phase.ACTIVE] * 2 + [

@@ -30,11 +30,6 @@ def _run(name: str) -> Path:
     return path
 
 
-def _traces(name: str) -> dict[int, str]:
-    run = _run(name)
-    return {r: str(next((run / f"node{r}" / "traces").glob("*.pt.trace.json*"))) for r in (0, 1)}
-
-
 def test_the_codecs_ops_are_counted_not_timed() -> None:
     """bf16 casts each row once each way (4 bytes read and 2 written per element, then back);
     fp8 scales each row by its maximum: more ops, fewer bytes on the wire; fp32 runs none."""
@@ -55,10 +50,11 @@ def test_the_h100s_elementwise_kernels_give_its_floor_and_bandwidth() -> None:
     device (3.35 TB/s at most off chip; kernels whose data sat in its 50 MB L2 read faster),
     on the time-sliced and on the MPS capture alike; the host's issue cost per op is tens of
     microseconds, as the traces' launch gaps show."""
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.device import device_costs
 
     for name in ("timesliced_sync", "mps_sync"):
-        costs = device_costs("cuda", _traces(name))
+        costs = device_costs(one_job([_run(name)]))
         assert costs.queues_work and costs.memory is not None
         assert 0.5 < costs.memory.floor_us < 5.0, costs.memory
         assert 1.5e6 < costs.memory.bytes_per_us < 5e6, costs.memory  # 1.5-5 TB/s
@@ -119,7 +115,7 @@ def test_ranks_sharing_one_gpu_overlap_nothing_and_dbp_is_refused() -> None:
     DBP's next-batch work beside the compute interleaves both processes' work at a cost a
     synchronous capture does not show (measured 74 -> 249 ms with micro_batches=4, by the
     trainer's earlier two-thread DBP): refused with the reason."""
-    from recprof.mirror.command import one_job
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
 
@@ -163,7 +159,7 @@ def test_dbp_prepares_the_next_batch_after_the_first_backward_on_a_gpu() -> None
     forward and backward, and the refresh waits for that fetch after the update. The replay
     runs it as each rank's one program; the next batch's data and routing time then sit on
     the step (a second thread had taken them off it)."""
-    from recprof.mirror.command import one_job
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
     from recprof.whatif.replay import replay

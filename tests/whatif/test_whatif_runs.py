@@ -108,7 +108,7 @@ def test_a_knob_the_model_cannot_handle_is_refused_in_one_line(captured: Path) -
 
 
 def test_a_short_capture_says_its_fits_rest_on_few_steps(captured: Path) -> None:
-    from recprof.capture.layout import STEADY_PROFILED_STEPS
+    from recprof.runfolder.layout import STEADY_PROFILED_STEPS
 
     assert ACTIVE < STEADY_PROFILED_STEPS  # this capture is a short one
     proc = _whatif(str(captured), "--try", "qcomms=fp16")
@@ -255,7 +255,7 @@ def test_hsp_collectives_meet_the_calibrated_contention_only_where_the_capture_r
     lines."""
     import dataclasses
 
-    from recprof.mirror.command import one_job
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
 
@@ -285,7 +285,7 @@ def test_dbp_prepares_the_next_batch_before_the_first_micro_batch_on_cpu(capture
     this batch's first micro-batch (recprof/nestpipe/schedule.py), so its fetch travels on
     gloo's threads while this batch computes; the refresh waits for it after the update. The
     replay runs each rank's one program in that order, the routing's waits on the step."""
-    from recprof.mirror.command import one_job
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
     from recprof.whatif.replay import Compute
@@ -313,7 +313,7 @@ def test_what_moved_is_read_on_the_rank_that_sets_the_step(captured: Path) -> No
     baseline replay of that same rank (a rank beyond the captured ones against the one it
     replicates): against the baseline's critical rank, a change that hands the critical path
     to the other rank read as every stage moving."""
-    from recprof.mirror.command import one_job
+    from recprof.analysis.inputs import one_job
     from recprof.whatif.baseline import measure
     from recprof.whatif.predict import Predictor
 

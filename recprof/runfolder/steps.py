@@ -1,4 +1,8 @@
-"""Is the recorded window representative of the run? Decided from the step logs, after the job.
+"""The step logs' judgements, one rule each: which logged steps time the job (`steady_steps`),
+when a rank's steps have settled (`settling`, online, for `--wait auto`), and whether the
+recorded window is representative of the run (`check_window`, after the job).
+
+Is the recorded window representative of the run? Decided from the step logs, after the job.
 
 The window is a few steps early in the run (by default steps 7-11), and early steps are often
 not steady state: TorchRec's golden DLRM ran steps 7-11 of 1,000 at ~16 ms against ~10 ms in
@@ -17,17 +21,20 @@ recorded a window (ranks that stepped aside ran a profiler of their own).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recprof.capture.layout import Phase, Schedule, StepRecord
+from recprof.runfolder.layout import Phase, Schedule, StepRecord
 
 # A window whose median step time differs from the steady state's by more than this fraction is
 # not representative of the run.
 WINDOW_DEVIATION_LIMIT = 0.20
 # Fewer unprofiled steps than this give no steady state worth comparing with.
 MIN_STEADY_STEPS = 3
+#: Start-up steps of the wait phase left out when the wait steps stand in for the steady state
+#: (the run has too few steps after the window): first iterations compile, allocate, warm caches.
+STARTUP_STEPS = 2
 
 # The same criterion online, for `--wait auto` (capture/settle.py): a rank's steps have settled
 # when the median of its last SETTLE_BLOCK steps is within SETTLE_TOLERANCE of the median of the
@@ -72,6 +79,33 @@ def settling(job_s: Sequence[float]) -> Settling | None:
     if earlier <= 0:
         return None
     return Settling((start, mid - 1, earlier), (mid, n - 1, latest))
+
+
+def steady_steps(phases: Mapping[int, Phase]) -> tuple[list[int], Phase] | None:
+    """Which logged steps time the job unprofiled (step number -> its phase in the log): the
+    unprofiled steps after the window, when at least MIN_STEADY_STEPS ran (`Phase.AFTER`);
+    else the wait steps before it past start-up (`Phase.WAIT`); None when neither has enough.
+    The one rule for "the job's steady pace": the window check compares the window with these
+    steps, and the analysis (the unprofiled step), `recprof compare`'s gate and the tuner time
+    the job on them."""
+    ordered = sorted(phases)
+    after = [s for s in ordered if phases[s] in (Phase.AFTER, Phase.UNPROFILED)]
+    if len(after) >= MIN_STEADY_STEPS:
+        return after, Phase.AFTER
+    waits = [s for s in ordered if phases[s] == Phase.WAIT][STARTUP_STEPS:]
+    if len(waits) >= MIN_STEADY_STEPS:
+        return waits, Phase.WAIT
+    return None
+
+
+def timed_steps(log: Sequence[StepRecord], unprofiled: bool) -> list[StepRecord]:
+    """The steps of one rank's log that time the job: its `steady_steps` (or, with
+    `unprofiled` false, the recorded ones)."""
+    if not unprofiled:
+        return [s for s in log if s.phase == Phase.ACTIVE]
+    chosen = steady_steps({s.step: s.phase for s in log})
+    steps = set(chosen[0]) if chosen else set()
+    return [s for s in log if s.step in steps]
 
 
 @dataclass(frozen=True)
@@ -121,14 +155,10 @@ def check_window(logs: Sequence[Sequence[StepRecord]], schedule: Schedule) -> Wi
     window = [s for s in sorted(times) if phases[s] == Phase.ACTIVE]
     after = [s for s in sorted(times) if phases[s] == Phase.AFTER]
     waits = [s for s in sorted(times) if phases[s] == Phase.WAIT]
-    if not window:
+    chosen = steady_steps(phases)
+    if not window or chosen is None:
         return None
-    if len(after) >= MIN_STEADY_STEPS:
-        steady, steady_phase = after, Phase.AFTER
-    elif len(waits) >= MIN_STEADY_STEPS:
-        steady, steady_phase = waits, Phase.WAIT
-    else:
-        return None
+    steady, steady_phase = chosen
     window_median = statistics.median(times[s] for s in window)
     steady_median = statistics.median(times[s] for s in steady)
     if steady_median <= 0:

@@ -12,14 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof import terminal
-from recprof.capture import layout
-from recprof.capture.finish import analyze_and_report
 from recprof.capture.launcher import job_env, run_job
-from recprof.capture.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule, WindowStart
 from recprof.capture.manifest import build_manifest, write_manifest
 from recprof.capture.progress import EventTail
-from recprof.capture.windows import finish_windows, print_windows
 from recprof.errors import RecprofError
+from recprof.flows.after_capture import analyze_and_report
+from recprof.flows.windows import finish_windows, print_windows
+from recprof.runfolder import layout
+from recprof.runfolder.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule, WindowStart
 
 DEFAULT_ROOT = Path("recprof-runs")
 DEFAULT = Schedule()

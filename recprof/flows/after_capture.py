@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from recprof.capture import layout
+from recprof.runfolder import layout
 
 
 @dataclass

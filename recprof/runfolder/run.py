@@ -27,9 +27,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from recprof.analysis.model import RunContext
-from recprof.capture import layout
 from recprof.errors import RecprofError
+from recprof.runfolder import layout
 
 #: How far apart two hosts' clocks may read the end of one step of one job (seconds): NTP keeps
 #: a cluster's hosts within milliseconds; a host whose clock is off by more than this reads as
@@ -335,14 +334,3 @@ def run_of_traces(files: Sequence[str]) -> Run | None:
                            f"jobs ({', '.join(str(r.folders[0]) for r in runs[:3])}): "
                            f"{_why_apart(runs)}")
     return runs[0]
-
-
-def run_of_context(context: RunContext | None) -> Run | None:
-    """The run an analysed job's context names (its capture folders, where they still are)."""
-    if context is None:
-        return None
-    folders = [Path(d) for d in context.run_dirs or [context.run_dir] if Path(d).is_dir()]
-    try:
-        return open_run(folders) if folders else None
-    except RecprofError:  # moved or mixed since the analysis: the traces' context stands
-        return None

@@ -1,0 +1,38 @@
+"""The trainer's outputs in its `--out DIR`, one home for their names and schema: written by
+rank 0 (recprof/nestpipe/trainer.py), read by the tuner (its trials' throughput and quality, and
+its hung-trial watchdog's progress) and by `recprof compare` (a run's resolved config).
+
+- `metrics.jsonl`: one JSON object per step (step, samples, wall_s, data_wait_s, loss), each
+  line flushed as its step ends;
+- `summary.json`: `SUMMARY_SCHEMA`, the resolved config, world size, steady throughput, quality
+  and bytes per step (docs/team-contracts.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SUMMARY_SCHEMA = "recprof.nestpipe.summary/1"
+SUMMARY_FILE = "summary.json"
+#: Written a line per step as the run goes: the tuner's watchdog reads progress from it.
+METRICS_FILE = "metrics.jsonl"
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> None:
+    """Write `summary` (which carries `SUMMARY_SCHEMA`) into `out`."""
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The trainer's summary.json, or None when missing, unreadable or of another schema."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
+        return None
+    if not isinstance(data.get("throughput_samples_per_s"), (int, float)):
+        return None
+    return data

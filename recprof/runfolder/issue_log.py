@@ -1,0 +1,63 @@
+"""The issue log's format: `<run>/issue_log/rank<R>.jsonl`, the order in which a rank issued its
+collectives (written by capture's hook, recprof/capture/issue_log.py; read by the issue-order
+analysis, recprof/analysis/issue_order.py).
+
+One JSON object per line: a group's members the first time it is used (`{"group": "1",
+"ranks": [0, 1]}`), then one line per collective (`{"group": "1", "n": 73, "op":
+"all_to_all_single", "thread": "MainThread"}`: its number within its group since the process
+started, so ranks line up exactly), at most `MAX_ISSUES` of them (then `{"stopped_after":
+MAX_ISSUES}`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DIRNAME = "issue_log"
+#: Collectives recorded per rank: enough for thousands of steps of a recsys trainer (a few
+#: dozen collectives each), a few MB at most.
+MAX_ISSUES = 50_000
+
+def log_path(run_dir: Path, rank: int) -> Path:
+    """Where rank `rank` of a capture run writes its issue log."""
+    return run_dir / DIRNAME / f"rank{rank}.jsonl"
+
+
+@dataclass(frozen=True)
+class IssueRecord:
+    """One collective as the log holds it."""
+
+    group: str
+    number: int  # its number within its group
+    op: str
+    thread: str
+
+
+@dataclass
+class IssueLogRecords:
+    """A rank's log read back: its collectives in issue order and its groups' members."""
+
+    issued: list[IssueRecord] = field(default_factory=list)
+    groups: dict[str, list[int]] = field(default_factory=dict)
+
+
+def read_issue_log(path: Path, limit: int) -> IssueLogRecords | None:
+    """The first `limit` collectives of the log at `path`; None when it is missing, cut short
+    or damaged (a caller then falls back on what the trace says)."""
+    records = IssueLogRecords()
+    try:
+        with path.open() as fh:
+            for line in fh:
+                if len(records.issued) >= limit:
+                    break
+                record = json.loads(line)
+                if "ranks" in record:
+                    records.groups[str(record["group"])] = [int(r) for r in record["ranks"]]
+                elif "n" in record:
+                    records.issued.append(IssueRecord(str(record["group"]), int(record["n"]),
+                                                      str(record["op"]), str(record["thread"])))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return records
