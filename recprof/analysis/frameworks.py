@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recprof.analysis.model import KnobOn
 from recprof.trace.devices import of_document as device_facts
+from recprof.trace.vocabulary import SETTING_MARK
 
 #: Most specific first: a job showing several signatures is the first of them.
 PRECEDENCE = ("nestpipe", "torchrec", "megatron", "fsdp", "ddp")
@@ -60,6 +62,43 @@ def detect(marks: Iterable[dict[str, int]]) -> tuple[str, list[str]]:
     return framework, evidence
 
 
+#: How each setting the trace shows reads in the framework's words, and which trainer knob it
+#: is (vocabulary.setting_sign).
+_SETTING_WORDS = {
+    "qcomms": ("qcomms", "QCommsConfig forward/backward precision"),
+    "pipeline": ("pipeline", ""),  # the value is the pipeline's class
+    "compile": ("compile", "torch.compile"),
+    "cuda_graphs": ("cuda_graphs", "CUDA graphs"),
+}
+
+
+def knobs_on_line(on: list[KnobOn]) -> str:
+    """`Already on (from the trace): QCommsConfig forward/backward precision fp8; torch.compile`,
+    as the terminal and the report both print it; empty when nothing shows."""
+    if not on:
+        return ""
+    return "Already on (from the trace's labels): " + "; ".join(
+        " ".join(w for w in (k.framework_knob, "" if k.value == "on" else k.value) if w)
+        for k in on)
+
+
+def knobs_on(marks: Iterable[dict[str, int]], ranks: int, steps: int) -> list[KnobOn]:
+    """The settings the ranks' labels show on, with how often (per rank and step)."""
+    total: Counter[str] = Counter()
+    for rank_marks in marks:
+        total.update({k[len(SETTING_MARK):]: v for k, v in rank_marks.items()
+                      if k.startswith(SETTING_MARK)})
+    found = []
+    for setting, count in total.items():
+        name, value = setting.split("=", 1)
+        knob, words = _SETTING_WORDS.get(name, (name, name))
+        per = count / max(ranks, 1) / max(steps, 1)
+        found.append(KnobOn(knob=knob, value=value, framework_knob=words,
+                            evidence=f"{count:,} labels that say so ({per:.3g} per rank and "
+                                     "step)"))
+    return sorted(found, key=lambda k: (k.knob, k.value))
+
+
 # --- what to change, in each framework's own terms -------------------------------------------
 
 
@@ -78,6 +117,10 @@ HOST = "host"  # CPU: less host work between ops
 DEVICE = "device"  # one device per rank (ranks that share one)
 HELD = "held"  # find what holds the device while launched work waits
 LATE_RANK = "late_rank"  # find out why one rank arrives late (its trace may be missing)
+ALLOCATOR = "allocator"  # stop the caching allocator freeing and allocating again
+SYNC = "sync"  # take the host's waits for the device out of the step
+HOST_WORK = "host_work"  # move CPU work off the thread that launches
+UNRECORDED = "unrecorded"  # find what the host did where the trace recorded nothing
 
 
 @dataclass(frozen=True)
@@ -126,6 +169,29 @@ _HELD_DEVICE = Remedy(
 #: is not every one the replay knows: TorchRec's QComms on CPU sends FP16 and BF16 (as FP16)
 #: and fails on FP8 (shared/docs/field-notes.md, TorchRec installs).
 WIRE_PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {("torchrec", "cpu"): ("bf16", "fp16")}
+#: Bits on the wire per element of each precision the findings name.
+WIRE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8}
+#: The narrower precision after a 16-bit one, where a framework's device sends something other
+#: than fp8: TorchRec's QComms on CPU fails on FP8 and sends INT8 (field notes).
+NEXT_PRECISION: dict[tuple[str, str], str] = {("torchrec", "cpu"): "int8"}
+
+
+def wire_precision_on(on: list[KnobOn]) -> str | None:
+    """The narrowest wire precision the trace shows on for the embedding exchange (its codec
+    labels), or None where it shows none."""
+    values = [k.value for k in on if k.knob == "qcomms" and k.value in WIRE_BITS]
+    return min(values, key=lambda v: WIRE_BITS[v]) if values else None
+
+
+def next_precision(framework: str, device_kind: str, current: str | None) -> str | None:
+    """The wire precision a finding proposes after `current` (None: the full fp32): 16 bits,
+    then 8 bits (the framework's on the device), then none."""
+    bits = WIRE_BITS.get(current or "fp32", 32)
+    if bits > 16:
+        return "bf16"
+    if bits > 8:
+        return NEXT_PRECISION.get((framework, device_kind), "fp8")
+    return None
 
 REMEDIES: dict[str, dict[str, Remedy]] = {
     "nestpipe": {
@@ -261,6 +327,32 @@ _GENERAL = {
 }
 
 
+_GENERAL[ALLOCATOR] = Remedy(
+    ("{allocator_knob}=expandable_segments:True", "less memory pressure",
+     "warm-up steps before recording"),
+    "The host sat in the {device}'s caching allocator ({allocator_calls}): it frees its cached "
+    "blocks and allocates again when memory is tight or fragmented, or while the first steps "
+    "warm it up. {allocator_knob}=expandable_segments:True grows its segments instead of "
+    "freeing and re-allocating; a smaller per-rank batch or activation checkpointing relieves "
+    "the pressure; steps that are still warming up belong before the recorded window "
+    "(recprof capture waits for settled steps by default).")
+_GENERAL[SYNC] = Remedy(
+    ("no .item()/.cpu()/print of device tensors in the step", "non_blocking copies"),
+    "The host waited for the {device} ({host_waits}): a value read back in the step (.item(), "
+    ".cpu(), printing or logging a tensor, a data-dependent shape) or an explicit synchronize "
+    "stops the host until the {device} catches up, and nothing is queued meanwhile. Read such "
+    "values a step later or every N steps, and copy with non_blocking=True into pinned memory.")
+_GENERAL[HOST_WORK] = Remedy(
+    ("DataLoader num_workers", "preprocessing in the input pipeline"),
+    "The thread that launches the {device}'s work ran CPU ops that launch nothing (the ops "
+    "are named in the evidence): move that work into the input pipeline (the DataLoader's "
+    "worker processes) or onto the {device}, so the thread keeps the {device} fed.")
+_GENERAL[UNRECORDED] = Remedy(
+    ("recprof capture --with-stack", "py-spy dump --pid"),
+    "The thread that launches the {device}'s work was in no op the trace recorded: Python code "
+    "between ops, an I/O wait, or a wait for the GIL held by another thread, which the profiler "
+    "does not tell apart. Record Python stacks (recprof capture --with-stack) or sample the "
+    "thread (py-spy dump) to see which.")
 _GENERAL[LATE_RANK] = Remedy(
     ("DataLoader num_workers",),
     "Profile the late rank too (its own trace says what delays it: data loading, host launches, "
@@ -289,15 +381,25 @@ DEVICE_REMEDIES: dict[tuple[str, str], Remedy] = {
 _DEVICE_NEUTRAL = {LAUNCH: _GENERIC_LAUNCH, LATE_RANK: _GENERAL[LATE_RANK]}
 
 
-def remedy(framework: str, mechanism: str, device_kind: str) -> Remedy:
+def remedy(framework: str, mechanism: str, device_kind: str,
+           on: list[KnobOn] | None = None) -> Remedy:
     """The knobs and advice for `mechanism` in `framework`, in CPU words on a CPU run and in
-    the device's own words where general advice depends on it (`DEVICE_REMEDIES`)."""
+    the device's own words where general advice depends on it (`DEVICE_REMEDIES`). `on`: the
+    settings the trace shows on; a remedy never proposes turning on what is on."""
+    current = wire_precision_on(on or [])
+    if mechanism == SHRINK and current is not None:
+        return _narrower(framework, device_kind, current, on or [])
+    compiled = {k.knob for k in on or [] if k.knob in ("compile", "cuda_graphs")}
+    if mechanism == LAUNCH and compiled and framework != "nestpipe" and device_kind != "npu":
+        return _launch_with(compiled)
     table = REMEDIES.get(framework, _GENERAL)
-    if mechanism == LAUNCH and device_kind == "cpu":
-        mechanism = HOST
+    if mechanism in (LAUNCH, UNRECORDED) and device_kind == "cpu":
+        mechanism = HOST  # on a CPU run the host is the device: time between ops
     chosen = table.get(mechanism, _GENERAL[mechanism])
     if chosen is _DEVICE_NEUTRAL.get(mechanism):
         return DEVICE_REMEDIES.get((device_kind, mechanism), chosen)
+    if mechanism in _DEVICE_WORDED:
+        return _in_device_words(chosen, device_kind)
     if mechanism in (DEVICE, HELD):
         words = device_facts(device_kind)
         sharing = (f" Where sharing is intended, {words.concurrent_sharing} lets the ranks' "
@@ -307,12 +409,62 @@ def remedy(framework: str, mechanism: str, device_kind: str) -> Remedy:
     return chosen
 
 
-def knobs_of(framework: str, device_kind: str | None = None) -> set[str]:
-    """Every knob name a finding may offer for `framework` (on `device_kind`, when given)."""
+#: Remedies whose words name the device and its runtime (`DeviceFacts`).
+_DEVICE_WORDED = frozenset({ALLOCATOR, SYNC, HOST_WORK, UNRECORDED})
+
+
+def _in_device_words(chosen: Remedy, device_kind: str) -> Remedy:
+    """`chosen` with the device's words filled in: its name, its allocator's setting and
+    calls, its host waits (recprof/trace/devices.py)."""
+    words = device_facts(device_kind)
+    fill = {"device": words.device,
+            "allocator_knob": words.allocator_knob or "the allocator's setting",
+            "allocator_calls": ", ".join(words.allocator_calls[:2]) or "its calls",
+            "host_waits": ", ".join(sorted(words.host_waits)) or "its waits"}
+    return Remedy(tuple(k.format(**fill) for k in chosen.knobs), chosen.advice.format(**fill))
+
+
+def _launch_with(on: set[str]) -> Remedy:
+    """LAUNCH where the trace shows torch.compile, or CUDA graphs, on already: what is left."""
+    if "cuda_graphs" in on:
+        return Remedy(
+            ("larger per-rank batch", "capture more of the step in the graph"),
+            "CUDA graphs are replayed already (cudaGraphLaunch in the trace): the launches "
+            "left are outside the captured graphs; capture more of the step, or give each "
+            "launch more work with a larger per-rank batch.")
+    return Remedy(
+        ("torch.compile(mode='reduce-overhead')", "larger per-rank batch"),
+        "torch.compile is on already (its compiled regions are in the trace): "
+        "mode='reduce-overhead' also captures CUDA graphs, which launch a region's kernels at "
+        "once instead of one by one from the host.")
+
+
+def _narrower(framework: str, device_kind: str, current: str, on: list[KnobOn]) -> Remedy:
+    """SHRINK where the trace shows a wire precision on already: the next narrower one, or
+    none (the bytes are as few as a precision makes them)."""
+    evidence = next(k.evidence for k in on if k.knob == "qcomms" and k.value == current)
+    nxt = next_precision(framework, device_kind, current)
+    said = (f"{current} is already on for the embedding exchange (the trace's codec labels: "
+            f"{evidence})")
+    if nxt is None:
+        return Remedy((), f"{said}: no narrower wire format is left; overlap the exchange or "
+                          "send fewer rows instead.")
+    if framework == "torchrec":
+        return Remedy((f"QCommsConfig.forward_precision=CommType.{nxt.upper()}",
+                       f"QCommsConfig.backward_precision=CommType.{nxt.upper()}"),
+                      f"{said}; CommType.{nxt.upper()} halves those bytes again.")
+    knob = "qcomms" if framework == "nestpipe" else "embedding dtype on the wire"
+    return Remedy((f"{knob}={nxt}",), f"{said}; {nxt} halves those bytes again.")
+
+
+def knobs_of(framework: str, device_kind: str | None = None,
+             on: list[KnobOn] | None = None) -> set[str]:
+    """Every knob name a finding may offer for `framework` (on `device_kind`, when given, with
+    the settings `on` the trace shows)."""
     table = {**_GENERAL, **REMEDIES.get(framework, _GENERAL)}
     if device_kind is None:
         return {k for r in table.values() for k in r.knobs}
-    return {k for m in table for k in remedy(framework, m, device_kind).knobs}
+    return {k for m in table for k in remedy(framework, m, device_kind, on).knobs}
 
 
 def nestpipe_config(command: list[str], cwd: str | None) -> str | None:

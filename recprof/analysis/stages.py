@@ -10,6 +10,9 @@ what the trace shows around it (`Attribution.inferred` says which):
 
 - an all-reduce during backward carries dense gradients, an all-to-all there embedding
   gradients;
+- an all-to-all in the forward pass that no label explains moves sparse data: the keys when its
+  payload is integer, the embedding rows otherwise (older TorchRec traces label only the KJT
+  all-to-alls; the pooled embeddings' all-to-all under `# running sparse arch` is the rest);
 - hand-written model-parallel jobs label nothing, but their lookups are plain in the trace
   (nn.Embedding / nn.EmbeddingBag ops, EmbeddingBag kernels: the embedding-lookup stage). An
   all-to-all of the forward pass that moves floating-point data after the step's lookups
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from recprof.analysis.intervals import IntervalSet
-from recprof.analysis.model import StageTime
+from recprof.analysis.model import SkewAnalysis, StageTime
 from recprof.analysis.windows import Window
 from recprof.trace.model import ActivityClass, LabelSpans, RankTrace
 from recprof.trace.vocabulary import (
@@ -128,6 +131,12 @@ def attribute(trace: RankTrace) -> Attribution:
                               _UNKNOWN))
     guess = np.where((guess == _UNKNOWN) & (acts.coll_kind == _ALL_TO_ALL) & (stage != _BACKWARD),
                      _forward_exchange(trace, stage, times), guess)
+    # An all-to-all under a forward label that nothing else explains moves sparse data, not
+    # dense compute (older TorchRec labels only the KJT parts): keys when its payload is
+    # integer, the embeddings otherwise. Its stage follows from this purpose below, so the
+    # stage table and the collectives table say the same of it.
+    guess = np.where((guess == _UNKNOWN) & (stage == _FORWARD) & (acts.coll_kind == _ALL_TO_ALL),
+                     np.where(acts.coll_floating == 0, _KEY_ROUTING, _ROWS_FWD), guess)
     inferred = coll & (purpose < 0) & (guess != _UNKNOWN)
     purpose = np.where(coll & (purpose < 0), guess, purpose)
     # The next batch's rows fetched on the built-in trainer's prefetch thread (DBP).
@@ -135,10 +144,6 @@ def attribute(trace: RankTrace) -> Attribution:
     purpose = np.where(coll, purpose, -1)
     for p, s in _STAGE_OF_PURPOSE.items():
         stage = np.where(coll & (purpose == p), s, stage)
-    # An all-to-all under a forward label that no label explains moves sparse data (keys or
-    # embeddings), not dense compute: older TorchRec labels only the KJT parts.
-    stage = np.where(coll & (purpose == _UNKNOWN) & (stage == _FORWARD)
-                     & (acts.coll_kind == _ALL_TO_ALL), _EMBEDDING_A2A, stage)
     return Attribution(stage.astype(np.int16), purpose.astype(np.int16), inferred)
 
 
@@ -205,3 +210,23 @@ def stage_times(trace: RankTrace, windows: list[Window],
         if time > 0:
             out[name] = StageTime(time_us_per_step=time / n, exposed_us_per_step=exposed / n)
     return out
+
+
+#: A stage whose collectives spent at least this share of its exposed time waiting for later
+#: ranks reads as waiting, not as slow.
+MOSTLY_WAITING = 0.5
+
+
+def waiting_note(stage: StageTime, skew: SkewAnalysis) -> str:
+    """What a stage row says when its exposed time is mostly its collectives waiting for later
+    ranks (`mostly waiting for rank 2`), else nothing: the row alone would read as a slow
+    stage (TorchRec's embedding all-to-all, 759 ms exposed on three ranks that waited for the
+    fourth). The rank is the one whose lateness causes the most blocking wait."""
+    if stage.exposed_us_per_step <= 0 or (
+            stage.waiting_us_per_step < MOSTLY_WAITING * stage.exposed_us_per_step):
+        return ""
+    caused = skew.caused_blocking_us_per_step_by_rank
+    late = skew.straggler_rank if skew.straggler_rank is not None else (
+        max(caused, key=lambda r: caused[r]) if caused and max(caused.values()) > 0 else None)
+    who = f"rank {late}" if late is not None else "later ranks"
+    return f"mostly waiting for {who}"

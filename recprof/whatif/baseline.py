@@ -14,7 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recprof.analysis.idle import DATA_LOADING, DEVICE_HELD
+from recprof.analysis.host_activity import DATA_LOADING
+from recprof.analysis.idle import DEVICE_HELD
 from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis, SharedDevice
 from recprof.analysis.run_context import run_of_context
 from recprof.errors import RecprofError

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recprof.analysis.frameworks import REMEDIES, SHRINK
+from recprof.analysis.frameworks import REMEDIES, SHRINK, remedy
 from recprof.analysis.model import AnalysisResult, Finding, JobAnalysis
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS
@@ -68,11 +68,13 @@ def _precision_findings(job: JobAnalysis) -> list[Finding]:
     would be left at its size (the DDP example's forward rows were, before they were inferred:
     3.6 of its 5.9 ms exposed, so its fp8 quote of -1% sat under a bound of 2.4 ms for 16
     bits); the bound stays alone there, and `recprof whatif` says what it leaves out."""
-    remedy = REMEDIES.get(job.framework, {}).get(SHRINK)
-    if remedy is None or not remedy.knobs or any(
+    if job.framework not in REMEDIES:
+        return []
+    shrink = remedy(job.framework, SHRINK, job.device_kind, job.knobs_on)
+    if not shrink.knobs or any(
             c.kind == "all_to_all" and c.purpose == UNKNOWN_PURPOSE for c in job.collectives):
         return []
-    return [f for f in job.findings if set(remedy.knobs) & set(f.knobs)]
+    return [f for f in job.findings if set(shrink.knobs) & set(f.knobs)]
 
 
 def _quote_precision(job: JobAnalysis, predictor: Any, findings: list[Finding]) -> None:
@@ -83,7 +85,7 @@ def _quote_precision(job: JobAnalysis, predictor: Any, findings: list[Finding]) 
         return
     step, value = best
     base = predictor.target
-    knobs = " / ".join(REMEDIES[job.framework][SHRINK].knobs)
+    knobs = " / ".join(remedy(job.framework, SHRINK, job.device_kind, job.knobs_on).knobs)
     quote = (f"the embedding exchange in {value} ({knobs}): {step / 1e3:.2f} ms "
              f"({(step - base) / base:+.0%}), leaving out the quantise and dequantise "
              "kernels' cost")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recprof.analysis.frameworks import WIRE_PRECISIONS
+from recprof.analysis.frameworks import WIRE_PRECISIONS, wire_precision_on
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
 from recprof.nestpipe.traffic import Traffic, traffic
@@ -125,7 +125,9 @@ class Predictor:
             self.knobs = {k: getattr(self.cfg, k) for k in KNOBS}
             self.shape = JobShape(base.world, self.cfg.batch_size, self.cfg.embedding_dim)
         else:
-            self.knobs = {"qcomms": "fp32"}
+            # the precision the trace's codec labels show on (TorchRec's QComms), else fp32
+            on = wire_precision_on(base.job.knobs_on)
+            self.knobs = {"qcomms": on if on in WIRE_BYTES else "fp32"}
             self.shape = JobShape(base.world)
         # Whether each rank can overlap its transfers with its compute (a CPU rank without a
         # spare core cannot), and if not why.
