@@ -110,8 +110,9 @@ def test_no_finding_calls_allocator_time_launch_cost(torchrec, name: str) -> Non
 
 def test_a_step_a_little_slower_stays_in(torchrec) -> None:
     """sst_long_a2a_optimizer: its step 5 (not 4: the raw annotations say so) ran 11% slower on
-    every rank, with a 95 ms cudaFree in it and none in steps 4 and 6. Under the 50% a step
-    must be off to be left out (half the median), it stays: left out, two steps could not name the straggler."""
+    every rank, with a 95 ms cudaFree in it and none in steps 4 and 6. Under the half of the
+    median a step must be off to be left out, it stays: left out, two steps could not name the
+    straggler."""
     job, docs = torchrec["sst_long_a2a_optimizer"]
     for doc in docs:
         steps, pace = _steps(doc), _pace(doc)
