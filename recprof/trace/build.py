@@ -564,11 +564,13 @@ class _HostColumns:
         end = np.array(cols[1], dtype=np.float64)
         # Equal to a stable sort on (start, -end): the position breaks the remaining ties.
         order = np.lexsort((np.arange(n), -end, start))
-        index: dict[str, int] = {}
-        name = np.array([index.setdefault(x, len(index)) for x in cols[2]], dtype=np.int32)
-        thread = np.array([threads.of(pid, tid) for pid, tid in zip(cols[3], cols[4],
-                                                                     strict=True)],
-                          dtype=np.int32)
+        # Mapped through dicts built once per distinct value: a CPU run has 100,000 ops of a
+        # few dozen names on a few threads.
+        index = {x: i for i, x in enumerate(dict.fromkeys(cols[2]))}
+        name = np.fromiter(map(index.__getitem__, cols[2]), dtype=np.int32, count=n)
+        keys = list(zip(cols[3], cols[4], strict=True))
+        of_key = {key: threads.of(*key) for key in dict.fromkeys(keys)}
+        thread = np.fromiter(map(of_key.__getitem__, keys), dtype=np.int32, count=n)
         main = thread == threads.main if main_tid is not None else np.zeros(n, dtype=bool)
         cats = np.array(cols[6], dtype=object)
         aten = np.zeros(n, dtype=bool)
