@@ -663,8 +663,8 @@ _HOST_CAUSE_RULES = (
      "{Device} idle while the host runs CPU ops that launch nothing",
      "while the thread that launches its work runs CPU ops that launch nothing"),
     ("no_op", "unrecorded_host", UNRECORDED,
-     "{Device} idle while the host is in no op the trace recorded",
-     "while the thread that launches its work is in no op the trace recorded (Python, I/O "
+     "{Device} idle while the host runs no recorded op",
+     "while the thread that launches its work runs no op the trace recorded (Python, I/O "
      "or a GIL wait)"),
 )
 
@@ -876,6 +876,29 @@ def diagnose_facts(facts: JobFacts) -> list[Finding]:
 def diagnose(job: JobAnalysis) -> list[Finding]:
     """Findings for one analysed job, ranked by recoverable time per step."""
     return diagnose_facts(job_facts(job))
+
+
+def prediction_text(finding: Finding) -> str:
+    """`Predicted by recprof whatif (unprofiled step 13.5 ms now): micro_batches=2: 13.7 ms
+    (+1%); ...`, with what it means for the knobs: which to try first, or that none of them is
+    predicted to make this job faster (the finding's bound assumes a perfect overlap or the
+    full byte saving; the what-if prices this job's own step)."""
+    if not finding.predictions:
+        return ""
+    base = finding.predictions[0].base_us
+    parts = "; ".join(f"{k.knob}={k.value}: {_ms(k.step_us)} ({k.change:+.0%})"
+                      for k in finding.predictions)
+    text = f"Predicted by recprof whatif (unprofiled step {_ms(base)} now): {parts}"
+    if finding.prediction_note:
+        text += f", {finding.prediction_note}"
+    faster = [k for k in finding.predictions if k.step_us < base]
+    if not faster:
+        return text + ". None of these knobs is predicted to make this job faster."
+    slower = [k for k in finding.predictions if k.step_us >= base]
+    text += f". Try {faster[0].knob}={faster[0].value} first"
+    if slower:
+        text += ("; predicted no faster here: " + ", ".join(f"{k.knob}" for k in slower))
+    return text + "."
 
 
 def verdict(job: JobAnalysis, found: list[Finding]) -> str:

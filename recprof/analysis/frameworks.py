@@ -349,7 +349,7 @@ _GENERAL[HOST_WORK] = Remedy(
     "worker processes) or onto the {device}, so the thread keeps the {device} fed.")
 _GENERAL[UNRECORDED] = Remedy(
     ("recprof capture --with-stack", "py-spy dump --pid"),
-    "The thread that launches the {device}'s work was in no op the trace recorded: Python code "
+    "The thread that launches the {device}'s work ran no op the trace recorded: Python code "
     "between ops, an I/O wait, or a wait for the GIL held by another thread, which the profiler "
     "does not tell apart. Record Python stacks (recprof capture --with-stack) or sample the "
     "thread (py-spy dump) to see which.")

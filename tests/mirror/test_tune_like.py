@@ -57,9 +57,10 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     quoted = dataclasses.replace(job, findings=[dataclasses.replace(finding)],
                                  warnings=list(warned))
     quote_predictions(quoted)
-    (estimate,) = [f.estimate for f in quoted.findings]
-    assert estimate.startswith(finding.estimate + ". Predicted by recprof whatif"), estimate
-    assert "(embedding dtype on the wire)" in estimate and quoted.warnings == warned
+    (quoted_finding,) = quoted.findings
+    assert quoted_finding.estimate == finding.estimate  # the bound is left as the rule wrote it
+    (prediction,) = quoted_finding.predictions
+    assert prediction.knob == "embedding dtype on the wire" and quoted.warnings == warned
     whatif = subprocess.run([sys.executable, "-m", "recprof", "whatif", str(run), "--try",
                              "qcomms=fp16"], capture_output=True, text=True, timeout=300,
                             cwd=REPO, env={**ENV, "COLUMNS": "400"})
