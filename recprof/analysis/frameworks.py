@@ -24,7 +24,7 @@ PRECEDENCE = ("nestpipe", "torchrec", "megatron", "fsdp", "ddp")
 
 #: What each signature is, for the evidence line.
 SIGNATURES = {
-    "nestpipe": "the built-in trainer's nestpipe:* labels",
+    "nestpipe": "nestpipe:* labels of the built-in trainer",
     "torchrec": "TorchRec pipeline and sharded-module labels (## forward N ##, [lookup]_..., "
                 "## all2all_data:..., fbgemm TBE ops)",
     "megatron": "Megatron model-parallel autograd functions (ModelParallelRegion, "
@@ -63,7 +63,7 @@ def detect(marks: Iterable[dict[str, int]]) -> tuple[str, list[str]]:
 
 
 #: How each setting the trace shows reads in the framework's words, and which trainer knob it
-#: is (vocabulary.setting_sign).
+#: is (vocabulary.settings_signed). The built-in trainer's own settings read as its knobs.
 _SETTING_WORDS = {
     "qcomms": ("qcomms", "QCommsConfig forward/backward precision"),
     "pipeline": ("pipeline", ""),  # the value is the pipeline's class
@@ -78,12 +78,15 @@ def knobs_on_line(on: list[KnobOn]) -> str:
     if not on:
         return ""
     return "Already on (from the trace's labels): " + "; ".join(
+        f"{k.knob}={k.value}" if k.framework_knob == k.knob else
         " ".join(w for w in (k.framework_knob, "" if k.value == "on" else k.value) if w)
         for k in on)
 
 
-def knobs_on(marks: Iterable[dict[str, int]], ranks: int, steps: int) -> list[KnobOn]:
-    """The settings the ranks' labels show on, with how often (per rank and step)."""
+def knobs_on(marks: Iterable[dict[str, int]], ranks: int, steps: int,
+             framework: str) -> list[KnobOn]:
+    """The settings the ranks' labels show on, with how often (per rank and step); in the
+    built-in trainer's job, as its own knobs."""
     total: Counter[str] = Counter()
     for rank_marks in marks:
         total.update({k[len(SETTING_MARK):]: v for k, v in rank_marks.items()
@@ -91,7 +94,8 @@ def knobs_on(marks: Iterable[dict[str, int]], ranks: int, steps: int) -> list[Kn
     found = []
     for setting, count in total.items():
         name, value = setting.split("=", 1)
-        knob, words = _SETTING_WORDS.get(name, (name, name))
+        knob, words = ((name, name) if framework == "nestpipe"
+                       else _SETTING_WORDS.get(name, (name, name)))
         per = count / max(ranks, 1) / max(steps, 1)
         found.append(KnobOn(knob=knob, value=value, framework_knob=words,
                             evidence=f"{count:,} labels that say so ({per:.3g} per rank and "
@@ -228,15 +232,14 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         # change (on an H100 the demo config launched ~380 kernels per 27 ms step from Python).
         LAUNCH: Remedy(("batch_size", "fuse_tables"),
                        "The trainer launches a fixed set of small kernels per step from Python: "
-                       "a larger per-rank batch_size gives each launch more work. Keep "
-                       "fuse_tables=true (the default), one all-to-all per embedding dimension "
-                       "instead of one per table."),
+                       "a larger per-rank batch_size gives each launch more work; "
+                       "fuse_tables=true (the default) sends one all-to-all per embedding "
+                       "dimension instead of one per table."),
         DEVICE: _OWN_DEVICE,
         HELD: _HELD_DEVICE,
         HOST: Remedy(("batch_size", "fuse_tables"),
-                     "A larger batch_size amortises the per-step Python work; keep "
-                     "fuse_tables=true (the default), which merges per-table work into fewer "
-                     "ops."),
+                     "A larger batch_size amortises the per-step Python work; "
+                     "fuse_tables=true (the default) merges per-table work into fewer ops."),
     },
     "torchrec": {
         OVERLAP: Remedy(
@@ -354,9 +357,11 @@ _GENERAL[UNRECORDED] = Remedy(
     "does not tell apart. Record Python stacks (recprof capture --with-stack) or sample the "
     "thread (py-spy dump) to see which.")
 _GENERAL[LATE_RANK] = Remedy(
-    ("DataLoader num_workers",),
-    "Profile the late rank too (its own trace says what delays it: data loading, host launches, "
-    "a slower device) and even out what differs, first of all its input pipeline.")
+    ("recprof capture --with-stack", "py-spy dump --pid"),
+    "Nothing recorded says why the rank is late (its trace is missing, or shows no difference "
+    "from the others' that explains it): profile every rank, with Python stacks (recprof "
+    "capture --with-stack), or sample the late rank's threads (py-spy dump) while it lags; on "
+    "a shared host, check whether its threads compete for the same cores.")
 
 #: Where the device, not the framework, decides the knob: general PyTorch advice is in CUDA's
 #: words (CUDA graphs), and an Ascend NPU job turns other knobs (torch_npu's and CANN's
@@ -385,7 +390,16 @@ def remedy(framework: str, mechanism: str, device_kind: str,
            on: list[KnobOn] | None = None) -> Remedy:
     """The knobs and advice for `mechanism` in `framework`, in CPU words on a CPU run and in
     the device's own words where general advice depends on it (`DEVICE_REMEDIES`). `on`: the
-    settings the trace shows on; a remedy never proposes turning on what is on."""
+    settings the trace shows on; a remedy never proposes turning on what is on (a switch the
+    trace shows true or on is not among its knobs)."""
+    chosen = _remedy(framework, mechanism, device_kind, on or [])
+    switched_on = {k.knob for k in on or [] if k.value in ("true", "on")}
+    if not switched_on & set(chosen.knobs):
+        return chosen
+    return Remedy(tuple(k for k in chosen.knobs if k not in switched_on), chosen.advice)
+
+
+def _remedy(framework: str, mechanism: str, device_kind: str, on: list[KnobOn]) -> Remedy:
     current = wire_precision_on(on or [])
     if mechanism == SHRINK and current is not None:
         return _narrower(framework, device_kind, current, on or [])

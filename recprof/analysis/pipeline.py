@@ -362,7 +362,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
         device_names = sorted({n for i in members for n in headers[i].device_names})
         framework, evidence = detect(outcomes[i].framework_marks for i in members)
         on = knobs_on([outcomes[i].framework_marks for i in members], len(members),
-                      max((len(a.steps) for a in analyses), default=1))
+                      max((len(a.steps) for a in analyses), default=1), framework)
         job = summarize_job(JobAnalysis(
             id=job_id([headers[i].path for i in members], taken_ids),
             world_size=world,

@@ -260,3 +260,13 @@ def knobs_label(knobs: Mapping[str, Any]) -> str:
             parts.append(f"{KNOBS[name].short if name in KNOBS else name}={value}")
     return " ".join(parts)
 
+
+
+def settings_on(knobs: Mapping[str, Any]) -> list[str]:
+    """`["fuse_tables=true", "qcomms=bf16"]`: the knobs that are on in the form the trainer's
+    settings label carries them (vocabulary.NESTPIPE_SETTINGS): each switch that is true, each
+    other knob away from the synchronous baseline. The analysis reads them back as settings
+    already on, so a finding never proposes turning on what this run had on."""
+    return [f"{name}={str(value).lower()}" for name, value in knobs.items()
+            if name in KNOBS and (value is True if isinstance(value, bool)
+                                  else value != KNOBS[name].baseline)]

@@ -25,6 +25,28 @@ def write_summary(out: Path, summary: dict[str, Any]) -> None:
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
 
 
+#: The trainer's option naming the folder its outputs go to (recprof/nestpipe/__main__.py).
+OUT_OPTION = "--out"
+
+
+def out_of_command(command: list[str], cwd: Path | None) -> Path | None:
+    """The `--out DIR` of a command line that ran the trainer (`torchrun ... -m
+    recprof.nestpipe ... --out DIR`, or `--out=DIR`), resolved against the folder it ran in;
+    None when it names none (or is relative and the folder is unknown)."""
+    out = None
+    for i, token in enumerate(command):
+        if token == OUT_OPTION and i + 1 < len(command):
+            out = command[i + 1]
+        elif token.startswith(OUT_OPTION + "="):
+            out = token.split("=", 1)[1]
+    if not out:
+        return None
+    path = Path(out)
+    if path.is_absolute():
+        return path
+    return cwd / path if cwd is not None else None
+
+
 def read_summary(path: Path) -> dict[str, Any] | None:
     """The trainer's summary.json, or None when missing, unreadable or of another schema."""
     try:

@@ -50,6 +50,7 @@ from recprof.exit_race import avoid_gloo_exit_abort
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, Feed
 from recprof.nestpipe.embedding import ShardedEmbeddings, Window
+from recprof.nestpipe.knobs import KNOBS, settings_on
 from recprof.nestpipe.metrics import roc_auc
 from recprof.nestpipe.microbatch import split
 from recprof.nestpipe.model import DenseArch
@@ -57,6 +58,7 @@ from recprof.nestpipe.schedule import make_schedule
 from recprof.nestpipe.sharding import Groups, make_groups
 from recprof.nestpipe.state import gather_state
 from recprof.nestpipe.summary import METRICS_FILE, SUMMARY_SCHEMA, write_summary
+from recprof.trace.vocabulary import NESTPIPE_SETTINGS
 
 BYTE_KINDS = ("key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce",
               "dbp_refresh")
@@ -258,8 +260,13 @@ def train(
                 device, trainer.dtype)
     walls, waits, loss = [], [], float("nan")
     schedule = make_schedule(trainer, feed)
+    on = settings_on({k: getattr(cfg, k) for k in KNOBS})
+    settings = f"{NESTPIPE_SETTINGS} {' '.join(on)}" if on else None
     for step in range(cfg.steps):
         t0 = time.perf_counter()
+        if settings is not None:  # the knobs on, in every recorded step (docs/nestpipe.md)
+            with record_function(settings):
+                pass
         loss, _ = schedule.step(last=step + 1 == cfg.steps)
         walls.append(time.perf_counter() - t0)
         waits.append(feed.take_wait())

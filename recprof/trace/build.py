@@ -51,7 +51,7 @@ from recprof.trace.vocabulary import (
     label_meaning,
     message_bytes,
     payload_floating,
-    setting_sign,
+    settings_signed,
 )
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -465,7 +465,7 @@ def _build(raw: RawTrace) -> RankTrace:
     host_fields = host.trace_fields(names)
     device = device_facts(device_kind)
     for name, count in Counter(c[2] for c in runtime).items():
-        if setting := setting_sign(name):  # runtime calls that say a setting is on
+        for setting in settings_signed(name):  # runtime calls that say a setting is on
             marks = host_fields["framework_marks"]
             marks[SETTING_MARK + setting] = marks.get(SETTING_MARK + setting, 0) + count
 
@@ -630,15 +630,15 @@ class _HostColumns:
 
     def framework_marks(self) -> dict[str, int]:
         """How many host names carry each framework's signature (vocabulary.framework_sign),
-        and each setting's (`setting:qcomms=fp16`, vocabulary.setting_sign), in the order they
-        first appear."""
+        and each setting's (`setting:qcomms=fp16`, vocabulary.settings_signed), in the order
+        they first appear."""
         counts = np.bincount(self.name, minlength=len(self.names))
         present, first = np.unique(self.name, return_index=True)
         marks: dict[str, int] = {}
         for local in present[np.argsort(first)].tolist():
             name = self.names[local]
-            setting = setting_sign(name)
-            for mark in (framework_sign(name), setting and SETTING_MARK + setting):
+            signed = [SETTING_MARK + s for s in settings_signed(name)]
+            for mark in (framework_sign(name), *signed):
                 if mark:
                     marks[mark] = marks.get(mark, 0) + int(counts[local])
         return marks

@@ -387,6 +387,12 @@ class Predictor:
         if not bound:
             if result.step_us >= self.target:
                 return []
+            if waits := self.base.loader_waits():  # a CPU job's: contention, not a pace
+                rank, wait = max(waits.items(), key=lambda item: item[1])
+                return [f"rank {rank} waited {wait / 1e3:.1f} ms a step on its DataLoader in "
+                        "the capture; on CPU ranks the loader's workers share the cores the "
+                        "ranks compute on, so that wait is contention the calibration folds "
+                        "in, not a pace the step is held to"]
             return [f"no rank waited on its DataLoader for more than "
                     f"{LOADER_BOUND_SHARE:.0%} of the step: it kept pace with the baseline's "
                     f"{self.target / 1e3:.2f} ms, and keeps pace with this one (its workers "
