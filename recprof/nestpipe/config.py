@@ -35,6 +35,8 @@ MODELS = ("dlrm", "two_tower")
 MODEL_ONLY_KEYS = {"dlrm": ("bottom_mlp", "top_mlp"),
                    "two_tower": ("query_features", "query_tables", "query_mlp",
                                  "candidate_mlp", "softmax_group", "recall_k")}
+#: Each model's dense widths: what `recprof mirror` scales to fit a job's step.
+DENSE_WIDTH_KEYS = {"dlrm": ("bottom_mlp", "top_mlp"), "two_tower": ("query_mlp", "candidate_mlp")}
 #: The synthetic source numbers every random draw of a batch with a 32-bit counter
 #: (recprof/nestpipe/data.py): a batch holds at most this many draws of one kind.
 SYNTHETIC_COUNTERS = 1 << 32
