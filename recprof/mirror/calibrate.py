@@ -211,12 +211,27 @@ def calibrate(mirror: Mirror, job: JobAnalysis, workdir: Path, tries: int = 4,
                             f"has {usable_cores()} cores), each with the job's {per_rank} "
                             "samples per step")
     best = result.best
+    mirror.notes.extend(result.summary(job_widths))
+    if best.widths != job_widths:
+        mirror.notes.append(_all_reduce_note(mirror, job, best.widths))
     for key in keys:
         mirror.set(key, best.widths[key], mirror.sources.get(key, "") +
                    ("; calibrated, see below" if best.widths != job_widths else
                     "; kept by the calibration, see below"))
-    mirror.notes.extend(result.summary(job_widths))
     return result
+
+
+def _all_reduce_note(mirror: Mirror, job: JobAnalysis, widths: dict[str, list[int]]) -> str:
+    """The dense all-reduce's bytes the fitted widths carry against the job's."""
+    fields = {k: v for k, v in {**mirror.values, **widths}.items()
+              if k in TrainConfig.__dataclass_fields__}
+    cfg = TrainConfig(**fields)
+    size = 8 if cfg.dtype == "float64" else 4
+    ours = (cfg.dense_parameters() + 1) * size
+    theirs = sum(c.bytes_per_step or 0.0 for c in job.collectives
+                 if c.kind == "all_reduce" and c.purpose == "dense_grads")
+    return (f"  the fitted widths' dense all-reduce carries {ours:,} B per step and rank"
+            + (f" against the job's {theirs:,.0f} B" if theirs else ""))
 
 
 def next_total_factor(tries: list[Try], target_us: float) -> float:

@@ -10,6 +10,7 @@ knob registry (recprof/nestpipe/knobs.py), which the tuner reads too. Every prob
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -156,6 +157,19 @@ class TrainConfig:
     def sample_group(self) -> int:
         """Consecutive samples that a micro-batch must hold together (`sample_group`)."""
         return sample_group(vars(self))
+
+    def dense_parameters(self) -> int:
+        """Weights and biases of the dense model (recprof/nestpipe/model.py): what the dense
+        all-reduce carries each step, one value each, plus the loss."""
+        if self.model == "two_tower":
+            chains = [[self.num_dense + self.query_features * self.dim, *self.query_mlp],
+                      [(self.num_features - self.query_features) * self.dim,
+                       *self.candidate_mlp]]
+        else:
+            pairs = (self.num_features + 1) * self.num_features // 2
+            chains = [[self.num_dense, *self.bottom_mlp, self.dim],
+                      [self.dim + pairs, *self.top_mlp, 1]]
+        return sum((a + 1) * b for chain in chains for a, b in itertools.pairwise(chain))
 
     @property
     def dim(self) -> int:

@@ -41,7 +41,7 @@ def _mirror(step_us: float) -> tuple[Mirror, SimpleNamespace]:
     mirror = Mirror("tt", 2, dict(values))
     mirror.footprint = JobFootprint(step_us=step_us * 1.4, dense_us=3000.0, fused_sparse_us=0.0,
                                     exchange_bytes=1.0, all_to_alls=5)
-    job = SimpleNamespace(world=2, run=SimpleNamespace(unprofiled_step_us=step_us),
+    job = SimpleNamespace(world=2, run=SimpleNamespace(unprofiled_step_us=step_us), collectives=[],
                           per_step=SimpleNamespace(step=step_us * 1.4))
     return mirror, job
 

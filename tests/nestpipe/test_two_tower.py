@@ -162,3 +162,10 @@ def test_single_rank_two_tower_run_reports_recall(tmp_path: Path) -> None:
     assert 0.0 <= summary["eval_recall"] <= 1.0
     # an untrained softmax over groups of 4 starts near log(4)
     assert abs(summary["eval_loss"] - math.log(4)) < 0.3
+
+
+@pytest.mark.parametrize("config", [TINY, TWO_TOWER])
+def test_dense_parameters_count_the_models_weights(config: Path) -> None:
+    """What the mirror's header says its dense all-reduce carries, against torch's count."""
+    cfg = load_config(config)
+    assert cfg.dense_parameters() == sum(p.numel() for p in make_model(cfg).parameters())
