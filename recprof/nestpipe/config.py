@@ -169,7 +169,10 @@ class TrainConfig:
             pairs = (self.num_features + 1) * self.num_features // 2
             chains = [[self.num_dense, *self.bottom_mlp, self.dim],
                       [self.dim + pairs, *self.top_mlp, 1]]
-        return sum((a + 1) * b for chain in chains for a, b in itertools.pairwise(chain))
+        # the candidate tower's last layer has no bias (model.py, TwoTower)
+        unbiased = self.candidate_mlp[-1] if self.model == "two_tower" else 0
+        return sum((a + 1) * b for chain in chains for a, b in itertools.pairwise(chain)) \
+            - unbiased
 
     @property
     def dim(self) -> int:
