@@ -28,8 +28,8 @@ from recprof.mirror.derive import derive
 pytestmark = pytest.mark.slow
 
 #: How far the mirror's unprofiled step may be from the job's: the issue's 10% plus room for a
-#: shared 2-core host, where one config's step moves by 5-6% between runs. A calibration that
-#: scales the widths the wrong way missed the job by -40% (docs/mirror.md).
+#: shared 2-core host, where one config's step moves by 5-6% between runs. The mirror at the
+#: job's own widths (no fit) missed by -19% (issue 49) to -44% (the two-tower example here).
 STEP_TOLERANCE = 0.15
 #: The mirror's check run: steps, of which the first WARMUP are left out.
 STEPS, WARMUP = 80, 20
