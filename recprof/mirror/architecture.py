@@ -184,8 +184,8 @@ def _tables(mirror: Mirror, job: JobAnalysis, facts: TableFacts) -> None:
     pooling = facts.get("ids_per_bag")
     if pooling is not None:
         mirror.set("bag_size", max(1, round(2 * pooling.value - 1)),
-                   f"mean ids per bag {pooling.value:.2f}, {pooling.source} (the trainer draws "
-                   "1..bag_size uniformly)")
+                   f"{pooling.source}, a mean of {pooling.value:.2f} ids per bag (the trainer "
+                   "draws 1..bag_size uniformly)")
     if any("[table_wise]" in e for e in job.framework_evidence) or job.framework == "torchrec":
         mirror.set("sharding", "table", "TorchRec's table-wise lookup labels")
     if "num_features" not in mirror.sources:
