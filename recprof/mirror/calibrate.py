@@ -110,10 +110,11 @@ class Calibration:
             f"{' '.join(f'{k} {v}' for k, v in job_widths.items())})",
             f"  at the job's widths the mirror's step was {first.step_us / 1e3:.2f} ms "
             f"({self.error(first):+.1%}) with {first.dense_us / 1e3:.2f} ms of dense time "
-            f"against the job's dense stages {self.job_dense_us / 1e3:.2f} ms; fitted, its "
-            f"dense time is {best.dense_us / 1e3:.2f} ms: the rest of the job's step is work "
-            "outside its dense layers that the trainer does not do, carried by its dense "
-            "layers",
+            f"against the job's dense stages {self.job_dense_us / 1e3:.2f} ms"
+            + ("; the job's widths kept" if best is first else
+               f"; fitted, its dense time is {best.dense_us / 1e3:.2f} ms: the rest of the "
+               "job's step is work outside its dense layers that the trainer does not do, "
+               "carried by its dense layers"),
             f"  runs: {runs}",
         ]
 
