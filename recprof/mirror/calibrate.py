@@ -111,7 +111,8 @@ class Calibration:
             f"  at the job's widths the mirror's step was {first.step_us / 1e3:.2f} ms "
             f"({self.error(first):+.1%}) with {first.dense_us / 1e3:.2f} ms of dense time "
             f"against the job's dense stages {self.job_dense_us / 1e3:.2f} ms"
-            + ("; the job's widths kept" if best is first else
+            + ("; the job's widths kept (they are never shrunk: a mirror slower than its job "
+               "at the job's widths is slower by the trainer's own work)" if best is first else
                f"; fitted, its dense time is {best.dense_us / 1e3:.2f} ms: the rest of the "
                "job's step is work outside its dense layers that the trainer does not do, "
                "carried by its dense layers"),
@@ -179,7 +180,7 @@ def measure(values: dict, world: int, workdir: Path) -> Measured:
 def calibrate(mirror: Mirror, job: JobAnalysis, workdir: Path, tries: int = 4,
               on_try: Callable[[Try], None] | None = None,
               run: Callable[[dict, int, Path], Measured] = measure) -> Calibration:
-    """Scale the mirror's dense widths until its step is within TOLERANCE of the job's, up to
+    """Scale the mirror's dense widths up until its step is within TOLERANCE of the job's, up to
     `tries` runs of the trainer (`run`: one captured run, `measure` unless a test stands in);
     the closest is kept and the header says what was fitted and how close each came."""
     if mirror.footprint is None or mirror.footprint.step_us <= 0:
@@ -206,6 +207,12 @@ def calibrate(mirror: Mirror, job: JobAnalysis, workdir: Path, tries: int = 4,
         if abs(result.error(attempt)) <= TOLERANCE or not any(job_widths.values()):
             break
         factor = next_total_factor(result.tries, target)
+        if factor < 1.0:
+            # Slower than the job at the job's own widths: that is the trainer's own work
+            # (deduplication, routing: the DDP example's mirror ran 1.3-1.5x its job), not the
+            # dense layers', and shrinking them below the trace's would only make another model
+            # (the DDP example's top MLP went [256, 128] -> [4, 2] before this floor).
+            break
         widths = scaled(job_widths, factor)
     if ranks < world:
         mirror.notes.append(f"calibration ran {ranks} of the job's {world} ranks (this machine "

@@ -78,3 +78,14 @@ def test_a_fit_that_scales_the_wrong_way_misses(tmp_path: Path,
     mirror, job = _mirror(step_us=19_000.0)
     result = calibrate(mirror, job, tmp_path, tries=6, run=run)
     assert abs(result.error(result.best)) > TOLERANCE
+
+
+def test_a_mirror_slower_than_its_job_keeps_the_jobs_widths(tmp_path: Path) -> None:
+    """The stand-in at the job's widths runs 13.3 ms against a job of 9 ms: the trainer's own
+    work, so the widths stay the trace's instead of shrinking to another model."""
+    run, calls = _stand_in(fixed_ms=10.0, per_weight_us=0.05)
+    mirror, job = _mirror(step_us=9_000.0)
+    result = calibrate(mirror, job, tmp_path, tries=4, run=run)
+    assert len(calls) == 1 and result.best is result.tries[0]
+    assert mirror.values["query_mlp"] == [128, 64]
+    assert any("the job's widths kept" in line for line in mirror.notes)
