@@ -57,6 +57,10 @@ CALIBRATION_KEYS = {"num_embeddings": 2000, "vocab_size": 2000,
                     "eval_batches": 1}
 #: The most one try may scale the widths by, either way.
 MAX_FACTOR = 4.0
+#: The most the fit may widen the job's layers: a job's unprofiled step moved from 15.5 to
+#: 24.3 ms between captures on this host, and chasing the slow one took golden's 64-wide MLPs
+#: to 1,286 (a dense all-reduce of 9.6 MB against the job's 160 KB).
+MAX_TOTAL_FACTOR = 4.0
 
 
 @dataclass
@@ -213,6 +217,10 @@ def calibrate(mirror: Mirror, job: JobAnalysis, workdir: Path, tries: int = 4,
             # dense layers', and shrinking them below the trace's would only make another model
             # (the DDP example's top MLP went [256, 128] -> [4, 2] before this floor).
             break
+        if factor > MAX_TOTAL_FACTOR and any(t.factor >= MAX_TOTAL_FACTOR
+                                             for t in result.tries):
+            break  # the widest allowed already ran
+        factor = min(factor, MAX_TOTAL_FACTOR)
         widths = scaled(job_widths, factor)
     if ranks < world:
         mirror.notes.append(f"calibration ran {ranks} of the job's {world} ranks (this machine "
