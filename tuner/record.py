@@ -51,7 +51,7 @@ class Status(StrEnum):
 RETRY_STATUSES = frozenset({Status.INTERRUPTED, Status.ABANDONED})
 
 #: Trainer summary numbers copied onto the record, each as the user attr `trainer_<name>`.
-TRAINER_NUMBERS = ("eval_auc", "eval_loss", "final_loss", "wall_s")
+TRAINER_NUMBERS = ("eval_auc", "eval_recall", "eval_loss", "final_loss", "wall_s")
 _TRAINER_PREFIX = "trainer_"
 _FINDING_FIELDS = frozenset(f.name for f in dataclasses.fields(Finding))
 

@@ -39,6 +39,7 @@ from recprof.nestpipe.knobs import (
     knobs_key,
     knobs_label,
 )
+from recprof.nestpipe.summary import QUALITY_METRICS
 from tuner import figures
 from tuner.prior import Prior, build_prior
 from tuner.progress import TuneProgress
@@ -135,9 +136,11 @@ def _job_identity(base: Mapping[str, Any], launch: Launch) -> dict[str, Any]:
 def quality(summary: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[str, float] | None:
     """(metric, loss against the baseline; positive = worse) from two trainer summaries.
 
-    Eval AUC is preferred (higher is better); eval loss and final training loss are fallbacks.
+    The trainer's QUALITY_METRICS in order: eval AUC (DLRM) or recall (two-tower), higher is
+    better; eval loss and final training loss are fallbacks.
     """
-    for metric, sign in (("eval_auc", -1.0), ("eval_loss", 1.0), ("final_loss", 1.0)):
+    for metric, higher_is_better in QUALITY_METRICS:
+        sign = -1.0 if higher_is_better else 1.0
         a, b = summary.get(metric), base.get(metric)
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             return metric, sign * (float(a) - float(b)) + 0.0  # no -0.0

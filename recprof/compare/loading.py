@@ -29,11 +29,6 @@ from recprof.runfolder.run import Run as CaptureRun
 from recprof.runfolder.run import capture_folders, find_runs, open_run
 from recprof.runfolder.steps import timed_steps
 
-#: The trainer config's model keys (the "# model" group of recprof/nestpipe/config.py): runs
-#: that differ in any of these train different models, so their times are not comparable.
-MODEL_KEYS = ("num_dense", "num_features", "num_tables", "num_embeddings", "embedding_dim",
-              "bottom_mlp", "top_mlp")
-
 
 @dataclass
 class Run:

@@ -43,7 +43,8 @@ from recprof.compare.gate import (
     ratio_interval,
     regression_gate,
 )
-from recprof.compare.loading import MODEL_KEYS, Run
+from recprof.compare.loading import Run
+from recprof.nestpipe.config import MODEL_KEYS
 from recprof.nestpipe.knobs import KNOBS
 from recprof.trace.vocabulary import STAGES
 from recprof.version import __version__
