@@ -30,7 +30,9 @@ def derive_with_status(job: JobAnalysis, console: Console) -> Mirror:
 def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
     """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
     `paths`; `recprof mirror`'s and the benchmark's."""
-    job = one_job(paths)
+    # A sampled rank mirrors the whole job (its share of the batch and of the exchange); the
+    # header says how many ranks were captured.
+    job = one_job(paths, allow_missing=True)
     mirror = derive_with_status(job, console)
     calibrate_mirror(job, mirror, calibrate_runs, console)
     return mirror

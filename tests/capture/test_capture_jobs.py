@@ -261,8 +261,9 @@ def test_a_python_launcher_that_starts_torchrun_gives_the_ranks_their_own_captur
         m = meta(out, rank)
         assert m["pid"] != launcher_pid and m["step_source"] == "optimizer"
         assert [s["step"] for s in step_log(out, rank)][:5] == [0, 1, 2, 3, 4]
-    assert sorted(p.name for p in (out / "meta").iterdir()) == [
-        "rank0.fatal.txt", "rank0.json", "rank1.fatal.txt", "rank1.json"]  # no superseded.*
+    # no superseded.*, and the faulthandler reports the ranks left empty (they ended well)
+    # were removed after the job
+    assert sorted(p.name for p in (out / "meta").iterdir()) == ["rank0.json", "rank1.json"]
 
 
 def test_a_launcher_whose_torchrun_starts_no_rank_leaves_no_phantom_rank_0(
