@@ -55,6 +55,8 @@ SMALL_SEARCH = 12
 #: A worker confirming says so in the study after every run; another worker leaves the
 #: confirmation to it while its word is younger than this many trial timeouts.
 CLAIM_TIMEOUTS = 2
+#: Seconds between writing the claim and reading it back (two workers writing at once).
+CLAIM_SETTLE_S = 1.0
 
 
 def default_top(search_runs: int) -> int:
@@ -139,12 +141,9 @@ def run_confirmation(ctx: ConfirmContext, wanted: ConfirmPlan) -> bool:
     worker is confirming this study now (this one leaves it alone). A stored plan for other
     configs (the search went on since) is replaced; Ctrl-C propagates with every finished run
     kept, so the same command continues where it stopped."""
-    stored = StudyRecord.load(ctx.study)
-    claim = stored.confirming or {}
-    if (claim.get("worker") not in (None, ctx.worker) and time.time() - float(claim.get("at", 0))
-            < CLAIM_TIMEOUTS * ctx.trial_timeout):
-        ctx.say(f"confirmation: worker {claim['worker']} is running it; not run here")
+    if not _claim(ctx):
         return False
+    stored = StudyRecord.load(ctx.study)
     runs = list(stored.confirm_runs or [])
     if stored.confirm_plan != wanted:
         if stored.confirm_plan is not None:
@@ -171,6 +170,24 @@ def run_confirmation(ctx: ConfirmContext, wanted: ConfirmPlan) -> bool:
                     f"({knobs_label(wanted.knobs[index])}) {what}")
     finally:  # done or interrupted, no worker is confirming now
         StudyRecord(confirming={"worker": ctx.worker, "at": 0.0}).save(ctx.study)
+    return True
+
+
+def _claim(ctx: ConfirmContext) -> bool:
+    """Take the confirmation for this worker unless another one holds it (its word younger
+    than CLAIM_TIMEOUTS trial timeouts). Two workers that finish their search at once both
+    write; the study keeps the last write, so each reads the claim back after CLAIM_SETTLE_S
+    and only the one it names goes on (their runs would disturb each other's timing)."""
+    for attempt in range(2):
+        claim = StudyRecord.load(ctx.study).confirming or {}
+        holder = claim.get("worker")
+        if holder not in (None, ctx.worker) and (
+                time.time() - float(claim.get("at", 0)) < CLAIM_TIMEOUTS * ctx.trial_timeout):
+            ctx.say(f"confirmation: worker {holder} is running it; not run here")
+            return False
+        if attempt == 0:
+            StudyRecord(confirming={"worker": ctx.worker, "at": time.time()}).save(ctx.study)
+            time.sleep(CLAIM_SETTLE_S)
     return True
 
 

@@ -192,7 +192,8 @@ def _unconfirmed_text(rec: Recommendation, conf: Confirmation | None) -> str:
                 f"the search's best, trial {rec.best_trial}, from one run; run the same command "
                 "again to finish the confirmation")
     if rec.best_trial == rec.baseline_trial:
-        return "keep your config: no config of the search ran faster (one run each, unconfirmed)"
+        return ("keep your config: no feasible config of the search ran faster (one run each; "
+                "nothing to confirm)")
     return (f"unconfirmed: the search's best, trial {rec.best_trial}, {rec.speedup:.2f}x the "
             "baseline in one run each; it may be noise (confirmation off or nothing to confirm)")
 

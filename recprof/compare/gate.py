@@ -153,9 +153,8 @@ def ratio_interval(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA
     last_kept = _first(len(probes), lambda i: p_below(i) < alpha) - 1
     low = math.exp(cuts[first_kept - 1]) if first_kept > 0 else 0.0
     high = math.exp(cuts[last_kept]) if 0 <= last_kept < len(cuts) else math.inf
-    ratios = sorted(y - x for y in log_b for x in log_a)
     return RatioInterval(
-        estimate=math.exp(statistics.median(ratios)), low=low, high=high,
+        estimate=statistics.median(y / x for y in b for x in a), low=low, high=high,
         p_value=p_larger(b, a), alpha=alpha, n_a=len(a), n_b=len(b))
 
 

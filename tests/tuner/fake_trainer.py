@@ -11,7 +11,8 @@ what the tuner's hung-trial watchdog reads. Those steps are then its measurement
 trainer's are: each line carries its `samples` (the global `batch_size`), and the summary's
 throughput is the samples over the steps after `warmup_steps`, so a config's speed is what
 its (slept) steps took. `alloc_mb` holds that many MiB while it runs (a config's memory
-peak), `rss_out` names a file where it writes its own VmHWM at the end. It is never used to
+peak); with `report_vmhwm` it writes its own VmHWM (the kernel's peak RSS, from
+/proc/self/status) to OUT/vmhwm.txt at the end, in bytes. It is never used to
 produce numbers anyone reads as measured.
 """
 
@@ -67,11 +68,12 @@ def main() -> None:
     if "step_s" in cfg:
         walls = _steps(cfg, args.out)[int(cfg.get("warmup_steps", 0)):]
         speed = int(cfg.get("batch_size", 64)) * len(walls) / sum(walls)
-    if cfg.get("rss_out"):
+    if cfg.get("report_vmhwm"):
         status = Path("/proc/self/status").read_text()
         hwm_kib = next(int(line.split()[1]) for line in status.splitlines()
                        if line.startswith("VmHWM:"))
-        Path(cfg["rss_out"]).write_text(str(hwm_kib * 1024))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "vmhwm.txt").write_text(str(hwm_kib * 1024))
     del held
     auc = 0.75 - AUC_LOSS[cfg.get("qcomms", "fp32")] - 0.01 * (cfg.get("reshape", 1) - 1)
     summary = {

@@ -4,7 +4,7 @@ peak memory when it exits.
 `recprof tune` prepends this folder to the trial's PYTHONPATH and names a folder in the
 environment (`tuner.inject.MEMORY_DIR_ENV`); a process that torchrun started as a rank (`RANK`
 set) writes `rank<R>.json` there at exit: its peak resident set (the kernel's high-water mark,
-`ru_maxrss`) and, when it used an accelerator, that device's allocator peak
+VmHWM) and, when it used an accelerator, that device's allocator peak
 (`torch.accelerator`, whatever the device: CUDA, an NPU, ...). Measured by the process
 itself, so the number is the peak, not a sample, and the trainer needs no change. Processes
 that fork from a rank (data-loader workers) inherit the exit hook but not the pid, and write
@@ -35,6 +35,17 @@ def _run_shadowed_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
+def _peak_rss() -> int:
+    """This process' peak resident set in bytes: VmHWM of /proc/self/status (Linux). Not
+    getrusage's ru_maxrss, which keeps the largest image the process had before its exec: a
+    rank that torchrun's Python started would report torchrun's size when that was larger."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise OSError("no VmHWM in /proc/self/status")
+
+
 def _device_peak() -> tuple[str, int] | None:
     """(device type, allocator peak in bytes) when this process used an accelerator."""
     torch = sys.modules.get("torch")
@@ -50,10 +61,7 @@ def _write_peak(folder: str, rank: str, pid: int) -> None:
     if os.getpid() != pid:  # a forked child (a data-loader worker), not the rank
         return
     try:
-        import resource
-
-        rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        record = {"rank": int(rank), "host_rss_bytes": rss_kib * 1024}
+        record = {"rank": int(rank), "host_rss_bytes": _peak_rss()}
         device = _device_peak()
         if device is not None:
             record["device"], record["device_bytes"] = device
