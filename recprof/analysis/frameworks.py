@@ -11,7 +11,7 @@ evidence lists every signature counted, so a reader can see why.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -494,3 +494,213 @@ def nestpipe_config(command: list[str], cwd: str | None) -> str | None:
     if not path.is_absolute() and cwd:
         path = Path(cwd) / path
     return str(path) if path.is_file() else None
+
+
+# --- the built-in trainer's knobs, as each framework sets them -------------------------------
+#
+# `recprof tune --like` tunes the built-in trainer shaped like the user's job; its answer is
+# trainer knobs. These say what each knob value is in the job's own framework (the remedies'
+# vocabulary above: QCommsConfig, the planner's ParameterConstraints, DMPCollection, ...), or
+# that the framework has no counterpart, with the closest lever.
+
+
+@dataclass(frozen=True)
+class KnobSetting:
+    """One trainer knob value in a framework's own terms."""
+
+    knob: str
+    value: object
+    setting: str  # what to write or change in the job
+    counterpart: bool  # False: the framework cannot do what the knob does; `setting` is the
+    # closest lever
+    note: str = ""
+
+    def line(self) -> str:
+        """`qcomms=fp16 -> EmbeddingBagCollectionSharder(...)` (`no counterpart` said so)."""
+        head = f"{self.knob}={self.value}"
+        body = (self.setting if self.counterpart
+                else f"no counterpart; closest lever: {self.setting}")
+        return f"{head} -> {body}" + (f" ({self.note})" if self.note else "")
+
+
+#: How the recommendation names each framework's terms ("in TorchRec's terms").
+TERMS_NAMES = {
+    "torchrec": "TorchRec's",
+    "nestpipe": "the built-in trainer's",
+    "ddp": "DDP with sharded embeddings'",
+}
+_HAND_WRITTEN = "a hand-written job's (plain torch.distributed)"
+
+#: What TorchRec does differently on a device kind, seen here on CPU (shared/docs/field-notes.md,
+#: TorchRec on these machines): the wire precisions it sends as another, the sharding types its
+#: planner refuses (with the closest one it runs), and where DMPCollection (2D parallel) runs.
+TORCHREC_SENT_AS = {("cpu", "bf16"): "fp16"}
+TORCHREC_SHARDING_INSTEAD = {("cpu", "ROW_WISE"): "COLUMN_WISE"}
+TORCHREC_2D_DEVICES = frozenset({"cuda"})
+
+_Terms = Callable[[object, str], tuple[str, bool, str]]
+
+
+def _torchrec_qcomms(value: object, device: str) -> tuple[str, bool, str]:
+    precision = str(value).upper()
+    sent = WIRE_PRECISIONS.get(("torchrec", device))
+    where = device_facts(device).kind_name
+    if value == "fp32":
+        return ("QCommsConfig(forward_precision=CommType.FP32, backward_precision=CommType.FP32)"
+                " (TorchRec's default: no qcomm_codecs_registry)", True, "")
+    setting = ("EmbeddingBagCollectionSharder(qcomm_codecs_registry=get_qcomm_codecs_registry("
+               f"QCommsConfig(forward_precision=CommType.{precision}, "
+               f"backward_precision=CommType.{precision})))")
+    if sent is not None and value not in sent:
+        closest = setting.replace(precision, sent[-1].upper())
+        return (closest, False,
+                f"TorchRec's QComms {precision} fails on {where}; the closest it sends is "
+                f"{sent[-1].upper()}")
+    sent_as = TORCHREC_SENT_AS.get((device, str(value)))
+    if sent_as is not None:
+        return setting, True, f"on {where}, TorchRec sends {precision} as {sent_as.upper()}"
+    if value == "fp8":
+        return setting, True, "forward e4m3, backward e5m2, as TorchRec's fp8_bwd_uses_143=False"
+    return setting, True, ""
+
+
+def _torchrec_hsp(value: object, device: str) -> tuple[str, bool, str]:
+    if value == 1:
+        return "DistributedModelParallel over the whole world (as the job has it)", True, ""
+    setting = (f"DMPCollection(sharding_group_size=world_size // {value}, ...): tables sharded "
+               f"inside each group, replicated across the {value} groups")
+    if device not in TORCHREC_2D_DEVICES:
+        return ("table-wise sharding kept inside a node (ParameterConstraints per table)", False,
+                f"DMPCollection (2D parallel) does not run on {device_facts(device).kind_name}")
+    return (setting, True, "TorchRec syncs the replicas by averaging weights every few steps; "
+            "the trainer's HSP all-reduces the touched rows' gradients every step")
+
+
+def _torchrec_sharding(value: object, device: str) -> tuple[str, bool, str]:
+    kind = {"row": "ROW_WISE", "table": "TABLE_WISE"}[str(value)]
+
+    def planner(sharding: str) -> str:
+        return (f"EmbeddingShardingPlanner(constraints={{table: ParameterConstraints("
+                f"sharding_types=[ShardingType.{sharding}.value])}})")
+
+    instead = TORCHREC_SHARDING_INSTEAD.get((device, kind))
+    if instead is not None:
+        return (planner(instead), False,
+                f"TorchRec's planner refuses {kind.lower()} sharding on "
+                f"{device_facts(device).kind_name}; {instead.lower()} also spreads a table over "
+                "the ranks")
+    return planner(kind), True, ""
+
+
+_TORCHREC: dict[str, _Terms] = {
+    "qcomms": _torchrec_qcomms,
+    "reshape": lambda k, d: (
+        f"EmbeddingBagConfig(num_embeddings=rows * {k}, embedding_dim=dim // {k}) for each table, "
+        f"and the dense arch's last layer dim // {k}", True,
+        "a model change: same parameters per table, 1/k of the bytes per lookup"),
+    "micro_batches": lambda n, d: (
+        ("TrainPipelineSparseDist (as the job has it)", True, "") if n == 1 else
+        ("TrainPipelineSemiSync (torchrec.distributed.train_pipeline.train_pipelines): the next "
+         "batch's embedding all-to-all runs under this batch's dense compute", False,
+         "TorchRec does not split a batch into micro-batches; the semi-synchronous pipeline "
+         "trains on embeddings one step stale, where the trainer's FWP trains the baseline's "
+         "parameters exactly")),
+    "clustering": lambda v, d: (
+        ("nothing to set", True, "") if not v else
+        ("order samples that share ids into the same batch in the data pipeline", False,
+         "TorchRec has no micro-batches to cluster samples into")),
+    "dbp": lambda v, d: (
+        ("TrainPipelineSparseDist (as the job has it)", True, "") if not v else
+        ("TrainPipelineSparseDist (already copies the next batch and distributes its ids during "
+         "this one); to fetch its rows ahead too, TrainPipelineSemiSync or "
+         "PrefetchTrainPipelineSparseDist", False,
+         "no TorchRec pipeline prefetches the next batch's rows and then refreshes the ones "
+         "this step's update changed; the semi-synchronous one trains on stale rows, the "
+         "prefetching one serves cached (UVM) tables")),
+    "hsp_groups": _torchrec_hsp,
+    "sharding": _torchrec_sharding,
+    "fuse_tables": lambda v, d: (
+        ("nothing to set: TorchRec sends the tables of one sharding type in one all-to-all",
+         True, "") if v else
+        ("none (TorchRec always fuses the tables of one sharding type)", False, "")),
+}
+
+
+def _plain_terms(ddp: bool) -> dict[str, _Terms]:
+    """The knobs as code in a job that exchanges its own embedding rows over torch.distributed
+    (under DDP for the dense part, or hand-written throughout)."""
+    accumulate = ("wrap all but the last micro-batch's backward in DDP's no_sync() and step "
+                  "once" if ddp else "accumulate the gradients and step once")
+
+    def qcomms(value: object, device: str) -> tuple[str, bool, str]:
+        if value == "fp32":
+            return "rows and gradients sent in float32 (as they are)", True, ""
+        if value == "fp8":
+            library = device_facts(device).collectives
+            return ("send the rows as torch.float8_e4m3fn and the gradients as float8_e5m2, each "
+                    "with a float32 scale per row, as a uint8 view through all_to_all_single",
+                    True, f"{library} rejects float8 tensors" if library == "gloo" else "")
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}[str(value)]
+        return (f"cast the rows to torch.{dtype} before dist.all_to_all_single and back after "
+                "it, and the same for their gradients in backward", True, "")
+
+    return {
+        "qcomms": qcomms,
+        "reshape": lambda k, d: (
+            f"nn.EmbeddingBag(num_embeddings=rows * {k}, embedding_dim=dim // {k}) for each "
+            f"table, ids mapped to rows * {k}, and the dense layers fed dim // {k}", True,
+            "a model change: same parameters per table, 1/k of the bytes per lookup"),
+        "micro_batches": lambda n, d: (
+            ("one exchange per batch (as the job has it)", True, "") if n == 1 else
+            (f"split each rank's batch into {n} micro-batches, start every micro-batch's "
+             f"all_to_all_single(async_op=True) at once and run micro-batch i's dense forward "
+             f"and backward while later ones travel; {accumulate}", True, "")),
+        "clustering": lambda v, d: (
+            ("nothing to change", True, "") if not v else
+            ("reorder each batch so samples that share ids fall in the same micro-batch", True,
+             "")),
+        "dbp": lambda v, d: (
+            ("nothing to change", True, "") if not v else
+            ("load the next batch, route its ids and start its rows' all_to_all_single("
+             "async_op=True) before this batch's backward; after the update, send again the "
+             "rows it changed", True, "")),
+        "hsp_groups": lambda m, d: (
+            ("one exchange group over the whole world (as the job has it)", True, "") if m == 1
+            else (f"dist.new_group for each of {m} groups of world_size // {m} ranks, each "
+                  f"holding all tables sharded inside it: the all-to-all stays in the group, and "
+                  f"the touched rows' gradients are all-reduced across the groups", True, "")),
+        "sharding": lambda v, d: (
+            ("shard rows, not tables: row r of table t on rank (r + t) % world_size", True, "")
+            if v == "row" else ("each table whole on one rank (table t on rank t % world_size)",
+                                True, "")),
+        "fuse_tables": lambda v, d: (
+            ("one all_to_all_single for every table's ids (and one for their rows) instead of "
+             "one per table", True, "") if v else ("one all_to_all_single per table", True, "")),
+    }
+
+
+KNOB_TERMS: dict[str, dict[str, _Terms]] = {
+    "torchrec": _TORCHREC,
+    "ddp": _plain_terms(ddp=True),
+}
+_HAND_WRITTEN_TERMS = _plain_terms(ddp=False)
+
+
+def terms_name(framework: str) -> str:
+    """`TorchRec's`, as in "in TorchRec's terms"."""
+    return TERMS_NAMES.get(framework, _HAND_WRITTEN)
+
+
+def knob_setting(framework: str, knob: str, value: object, device_kind: str) -> KnobSetting:
+    """What trainer knob value `knob=value` is in `framework` on `device_kind` (the analysis'
+    names); the built-in trainer's own is its config key, and a key no table knows is passed
+    through as a config change of the mirror."""
+    if framework == "nestpipe":
+        return KnobSetting(knob, value, f"{knob}: {value} in the trainer config", True)
+    table = KNOB_TERMS.get(framework, _HAND_WRITTEN_TERMS)
+    terms = table.get(knob)
+    if terms is None:
+        return KnobSetting(knob, value, f"{knob}: {value} in the mirror's trainer config", False,
+                           "a trainer setting this framework has no translation for")
+    setting, counterpart, note = terms(value, device_kind)
+    return KnobSetting(knob, value, setting, counterpart, note)
