@@ -134,6 +134,11 @@ def plot_history(info: HistoryInfo) -> Figure:
 
 # --- parameter importances ---------------------------------------------------------------------
 
+#: The best share of trials PED-ANOVA contrasts with the rest (Optuna's default).
+IMPORTANCE_QUANTILE = 0.1
+#: Trials in that share for a stable ranking, per Optuna's PedAnovaImportanceEvaluator docs.
+IMPORTANCE_MIN_TOP_TRIALS = 5
+
 
 @dataclass
 class ImportanceInfo:
@@ -142,18 +147,34 @@ class ImportanceInfo:
     evaluator: str
     params: list[str]
     importances: list[float]
+    trials: int  # completed trials it rests on
+    top_trials: int  # of them, the best quantile PED-ANOVA contrasts with the rest
+
+    @property
+    def caveat(self) -> str:
+        """How far to trust the ranking: Optuna's PED-ANOVA documentation asks for at least
+        `IMPORTANCE_MIN_TOP_TRIALS` trials in the best quantile."""
+        head = (f"{self.evaluator} over {self.trials} completed trials, contrasting the best "
+                f"{self.top_trials} (the top {IMPORTANCE_QUANTILE:.0%}) with all of them")
+        if self.top_trials >= IMPORTANCE_MIN_TOP_TRIALS:
+            return head + "."
+        return (head + f"; Optuna asks for at least {IMPORTANCE_MIN_TOP_TRIALS} in that top "
+                f"group, so this is a rough ranking: no reason to drop a knob.")
 
 
 def importance_info(study: optuna.Study) -> ImportanceInfo | Unavailable:
     """Optuna's importances (its default evaluator, PED-ANOVA) over the completed trials."""
-    evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator(
+        target_quantile=IMPORTANCE_QUANTILE)
     try:
         found = optuna.importance.get_param_importances(study, evaluator=evaluator)
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         return Unavailable(f"not available yet: {exc}")
     if not found:
         return Unavailable("not enough completed trials yet")
-    return ImportanceInfo("PED-ANOVA", list(found), [float(v) for v in found.values()])
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    return ImportanceInfo("PED-ANOVA", list(found), [float(v) for v in found.values()], done,
+                          max(1, math.ceil(IMPORTANCE_QUANTILE * done)))
 
 
 def plot_importances(info: ImportanceInfo) -> Figure:

@@ -246,8 +246,25 @@ def knobs_text(knobs: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in knobs.items())
 
 
-def _fmt_ratio(value: float | None) -> str:
+def _share(value: float | None) -> str:
     return "n/a (no analysis)" if value is None else f"{value:.0%}"
+
+
+def best_vs_baseline_rows(rec: Recommendation) -> list[tuple[str, str, str]]:
+    """The search's best against the baseline, one run each: (what, baseline, best) rows, the
+    terminal's table and the report's."""
+    quality = ("n/a" if rec.quality_delta is None else
+               f"{rec.quality_metric} {rec.quality_delta:+.4f} "
+               f"(tolerance {rec.quality_tolerance:g})")
+    return [
+        ("throughput (samples/s)", f"{rec.baseline_throughput:,.1f}", f"{rec.throughput:,.1f}"),
+        ("throughput ratio", "1.00x", f"{rec.speedup:.2f}x"),
+        # exposed / all communication time (record.StepNumbers.exposed_ratio), not of the step
+        ("communication exposed (share of it)", _share(rec.baseline_exposed_ratio),
+         _share(rec.exposed_ratio)),
+        ("quality delta", "", quality),
+        ("knobs", "", knobs_text(rec.best_knobs)),
+    ]
 
 
 def memory_text(nbytes: int | None) -> str:
@@ -323,20 +340,8 @@ def print_summary(rec: Recommendation, console: Console) -> None:
     table.add_column("")
     table.add_column(f"baseline (trial {rec.baseline_trial})", justify="right")
     table.add_column(f"best (trial {rec.best_trial})", justify="right")
-    table.add_row(
-        "throughput (samples/s)", f"{rec.baseline_throughput:,.1f}", f"{rec.throughput:,.1f}"
-    )
-    table.add_row("throughput ratio", "1.00x", f"{rec.speedup:.2f}x")
-    table.add_row(
-        "exposed comm ratio", _fmt_ratio(rec.baseline_exposed_ratio), _fmt_ratio(rec.exposed_ratio)
-    )
-    delta = (
-        "n/a"
-        if rec.quality_delta is None
-        else f"{rec.quality_metric} {rec.quality_delta:+.4f} (tolerance {rec.quality_tolerance:g})"
-    )
-    table.add_row("quality delta", "", delta)
-    table.add_row("knobs", "", escape(knobs_text(rec.best_knobs)))
+    for what, before, after in best_vs_baseline_rows(rec):
+        table.add_row(what, before, escape(after))
     console.print(table)
     for knob, why in rec.pruned_knobs.items():
         console.print(f"skipped {knob}: {why}", highlight=False)

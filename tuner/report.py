@@ -10,6 +10,7 @@ none of it is ever marked safe.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ from tuner.recommend import (
     KEEP,
     RECOMMEND,
     Recommendation,
+    best_vs_baseline_rows,
     confirm_rows,
     job_terms_lines,
     knobs_text,
@@ -82,18 +84,7 @@ def _best_vs_baseline(rec: Recommendation | None, runs: int, n_trials: int) -> S
     if rec.in_job_terms is not None:
         head, *lines = job_terms_lines(rec.in_job_terms, rec.decision)
         blocks.append(Bullets(lines, heading=head[0].upper() + head[1:]))
-    quality = (
-        "n/a"
-        if rec.quality_delta is None
-        else f"{rec.quality_metric} {rec.quality_delta:+.4f} (tolerance {rec.quality_tolerance:g})"
-    )
-    rows = [
-        ["throughput (samples/s)", f"{rec.baseline_throughput:,.1f}", f"{rec.throughput:,.1f}"],
-        ["throughput ratio", "1.00x", f"{rec.speedup:.2f}x"],
-        ["exposed comm ratio", _ratio(rec.baseline_exposed_ratio), _ratio(rec.exposed_ratio)],
-        ["quality delta", "", quality],
-        ["knobs", "", knobs_text(rec.best_knobs)],
-    ]
+    rows = best_vs_baseline_rows(rec)
     blocks += [
         Table(
             columns=[
@@ -164,7 +155,10 @@ def _baseline_diagnosis(base: TrialRow | None, start: Path) -> Section:
                 )
             ],
         )
-    found = rec.analysis.findings
+    # The baseline ran the trial's copy of the config: a finding's `recprof tune --config
+    # trials/...` would send the user round to the study they are reading.
+    found = [dataclasses.replace(f, commands=[c for c in f.commands if c != f.tune_command])
+             for f in rec.analysis.findings]
     note = f"From the trace analysis of the baseline (trial {trial.number})"
     report = _rel(rec.report, start)
     note += f"; its bottleneck report: {report}." if report else "."
@@ -309,7 +303,7 @@ def _all_trials(rows: list[TrialRow], base: TrialRow | None, start: Path) -> Sec
                     Column("predicted", True),
                     Column("re-fitted", True),
                     Column("vs baseline", True),
-                    Column("exposed ratio", True),
+                    Column("comm exposed", True),
                     Column("quality loss", True),
                     Column("feasible"),
                     Column("largest finding"),
@@ -320,7 +314,8 @@ def _all_trials(rows: list[TrialRow], base: TrialRow | None, start: Path) -> Sec
                 css="trials",
             )
         ],
-        note="Paths are relative to this report's folder.",
+        note=("comm exposed: the share of the trial's communication time not hidden behind "
+              "compute. Paths are relative to this report's folder."),
     )
 
 
@@ -352,6 +347,7 @@ def tuning_part(
             figures.importance_info(study),
             figures.plot_importances,
             figs,
+            note=lambda info: info.caveat,
         ),
         _figure(
             "parallel",

@@ -32,6 +32,9 @@ from tuner.study import TuneOutcome, TuneSettings, run_tuning
 
 STUDY_NAME = PAYLOADS[0] + PAYLOADS[1]
 HOSTILE_KNOB = PAYLOADS[2]
+#: What the analysis of a trial's own run proposes (its command named the trial's config copy).
+TRIAL_TUNE_COMMAND = "recprof tune --nproc-per-node 2 --config trials/0000/config.yaml --trials 8"
+OTHER_COMMAND = "recprof whatif trials/0000/capture --try micro_batches=2"
 
 
 class _HostileAnalysisRunner(TrialRunner):
@@ -48,6 +51,7 @@ class _HostileAnalysisRunner(TrialRunner):
                 severity="high", recoverable_us_per_step=200.0, recoverable_fraction=0.2,
                 evidence=[f"op {PAYLOADS[4]} exposed"], estimate=f"all of {MARKER}",
                 knobs=["micro_batches", PAYLOADS[1]],
+                commands=[TRIAL_TUNE_COMMAND, OTHER_COMMAND],
             )  # fmt: skip
             verdict = f"Exposed communication in {MARKER} costs 20% of the step."
             outcome.analysis = TrialAnalysis(StepNumbers.from_per_step(step, 2), verdict,
@@ -184,3 +188,26 @@ def test_a_database_password_never_reaches_the_page(tmp_path: Path) -> None:
     page = write_tuning_report(study, None, tmp_path / "r.html", url, url).read_text()
     assert "s3cr3t-pw" not in page
     assert "postgresql+psycopg://tuner:***@db.example:5432/studies" in page
+
+
+def test_the_baselines_findings_do_not_send_the_user_back_to_a_trials_config(
+    hostile_study: TuneOutcome,
+) -> None:
+    """The baseline's analysis proposes `recprof tune --config trials/0000/config.yaml`: inside
+    the study's own report that is the study again, on a copy; its other commands stay."""
+    page = hostile_study.report.read_text()
+    assert escape(OTHER_COMMAND) in page
+    assert "trials/0000/config.yaml" not in page
+
+
+def test_importances_say_how_many_trials_they_rest_on(hostile_study: TuneOutcome) -> None:
+    """8 trials, of which PED-ANOVA's top 10% is ceil(0.8) = 1 trial: under the 5 Optuna's
+    documentation asks for, so the page calls the ranking rough."""
+    page = hostile_study.report.read_text()
+    study = optuna.load_study(study_name=STUDY_NAME, storage=hostile_study.storage_url)
+    done = len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+    top = -(-done // 10)
+    assert done >= 2 and top < 5
+    assert (f"PED-ANOVA over {done} completed trials, contrasting the best {top} (the top 10%) "
+            "with all of them") in page
+    assert "rough ranking: no reason to drop a knob" in page
