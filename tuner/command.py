@@ -195,14 +195,13 @@ def mirror_for_tuning(like: Path | list[Path], nproc_per_node: int | None, nnode
     the names come from the job's layout alone, so a resumed study finds its saved config before
     anything is derived: deriving fits the key skew over every rank (24 s for a 128-rank job),
     and the trials already ran on that file."""
-    from recprof.analysis.inputs import one_job
     from recprof.host import usable_cores
-    from recprof.mirror.command import calibrate_mirror, derive_with_status
+    from recprof.mirror.command import calibrate_mirror, derive_with_status, mirrored_job
     from recprof.mirror.derive import mirror_launch, mirror_layout
 
     paths = [like] if isinstance(like, Path) else list(like)
     named = " ".join(map(str, paths))
-    job = one_job(paths)
+    job = mirrored_job(paths)
     nproc_per_node = mirror_launch(mirror_layout(job), nproc_per_node, nnodes, usable_cores())
     name = study or f"like-{job.id}-{nnodes}x{nproc_per_node}"
     out = out or Path("reports") / f"tune-{name}"

@@ -27,12 +27,17 @@ def derive_with_status(job: JobAnalysis, console: Console) -> Mirror:
         return derive(job)
 
 
+def mirrored_job(paths: list[Path]) -> JobAnalysis:
+    """The one job in `paths`, for mirroring. A sampled rank mirrors the whole job (its share
+    of the batch and of the exchange; the mirror's header says how many ranks were
+    captured), so missing ranks are not refused here as they are for a prediction."""
+    return one_job(paths, allow_missing=True)
+
+
 def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
     """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
     `paths`; `recprof mirror`'s and the benchmark's."""
-    # A sampled rank mirrors the whole job (its share of the batch and of the exchange); the
-    # header says how many ranks were captured.
-    job = one_job(paths, allow_missing=True)
+    job = mirrored_job(paths)
     mirror = derive_with_status(job, console)
     calibrate_mirror(job, mirror, calibrate_runs, console)
     return mirror
