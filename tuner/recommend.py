@@ -214,10 +214,24 @@ def job_terms_lines(terms: JobTerms, decision: str) -> list[str]:
     return [head, *(c.line() for c in terms.changes)]
 
 
-def write_recommendation(rec: Recommendation, out_dir: Path) -> dict[str, Path]:
-    """Write recommended.yaml and tuning_summary.json; the command uses the yaml's real path."""
+def next_step_words(rec: Recommendation) -> str:
+    """What the printed command is: the mirror with the answer, the answer, or the user's own
+    config where nothing beat it."""
+    if rec.in_job_terms is not None:
+        return "run the mirror"
+    return "run it" if rec.recommended_trial != rec.baseline_trial else "your config, unchanged"
+
+
+def write_recommendation(rec: Recommendation, out_dir: Path,
+                         user_config: Path | None) -> dict[str, Path]:
+    """Write recommended.yaml and tuning_summary.json. The command trains with the yaml, or,
+    where the answer is the baseline, with the user's own config file (`user_config`, when
+    the study had one): the yaml is then a copy of it, and their file is the one to go on
+    with."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = write_config(rec.config, out_dir / "recommended.yaml")
+    if rec.recommended_trial == rec.baseline_trial and user_config is not None:
+        config_path = user_config.resolve()
     rec.command = rec.command.replace("recommended.yaml", str(config_path))
     summary_path = out_dir / "tuning_summary.json"
     payload = asdict(rec) | {"speedup": rec.speedup}
@@ -363,6 +377,5 @@ def print_summary(rec: Recommendation, console: Console) -> None:
     if rec.memory_limit is not None:
         console.print(f"memory limit {units.size(rec.memory_limit)} per rank; this config's "
                       f"peak {memory_text(rec.peak_memory_bytes)}", highlight=False)
-    run = "run the mirror" if rec.in_job_terms is not None else "run it"
-    console.print(f"{run}:  {rec.command}", highlight=False, soft_wrap=True)
+    console.print(f"{next_step_words(rec)}:  {rec.command}", highlight=False, soft_wrap=True)
 

@@ -49,6 +49,7 @@ from tuner.recommend import (
     job_terms_lines,
     knobs_text,
     memory_text,
+    next_step_words,
 )
 from tuner.record import Role, StudyRecord, TrialRecord, baseline_of
 from tuner.storage import without_password
@@ -102,9 +103,9 @@ def _best_vs_baseline(rec: Recommendation | None, runs: int, n_trials: int) -> S
             f"--memory-limit {units.size(rec.memory_limit)} per rank: configs whose largest "
             f"rank peaked above it are infeasible. The answer's config peaked at "
             f"{memory_text(rec.peak_memory_bytes)} per rank in the search.", css="muted"))
-    what = "the mirror" if rec.in_job_terms is not None else "it"
     blocks += [
-        Paragraph(f"The answer's trainer config: {knobs_text(rec.knobs)}. Run {what}:"),
+        Paragraph(f"The answer's trainer config: {knobs_text(rec.knobs)}. "
+                  f"{next_step_words(rec).capitalize()}:"),
         Code(rec.command),
     ]
     return Section("best", "The answer", blocks)

@@ -633,7 +633,7 @@ def run_tuning(settings: TuneSettings, console: Console | None = None) -> TuneOu
     rec = recommend(tuner.study, tuner.base, tuner.launch, settings.quality_tolerance)
     outcome.recommendation = rec
     if rec is not None:
-        outcome.files = write_recommendation(rec, tuner.out)
+        outcome.files = write_recommendation(rec, tuner.out, settings.config)
     if settings.report:
         outcome.report = write_tuning_report(
             tuner.study,

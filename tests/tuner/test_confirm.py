@@ -6,6 +6,7 @@ makes a trial infeasible with its peak. Oracles: each run's step log and /proc, 
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import statistics
@@ -24,6 +25,7 @@ from tuner_helpers import FAKE_TRAINER, write_yaml
 
 from recprof.nestpipe.knobs import knobs_key
 from tuner.confirm import judge
+from tuner.recommend import print_summary
 from tuner.record import ConfirmPlan, ConfirmRun, PeakMemory, RankMemory, Status, StudyRecord
 from tuner.study import TuneOutcome, TuneSettings, run_tuning
 
@@ -87,6 +89,7 @@ def test_a_knob_that_removes_a_planted_delay_is_recommended_with_its_interval(
     assert conf.baseline.noise_pct == pytest.approx(noise)
 
     assert yaml.safe_load((settings.out / "recommended.yaml").read_text())["dbp"] is True
+    assert f"--config {(settings.out / 'recommended.yaml').resolve()} " in rec.command
     summary = json.loads((settings.out / "tuning_summary.json").read_text())
     assert summary["decision"] == "recommend" and summary["recommended_trial"] == chosen.trial
     assert summary["confirmation"]["candidates"][0]["low"] == pytest.approx(chosen.low)
@@ -112,7 +115,12 @@ def test_a_knob_that_only_slows_is_not_recommended_keep_your_config(tmp_path: Pa
     assert "not faster beyond the noise" in closest.why
     written = yaml.safe_load((settings.out / "recommended.yaml").read_text())
     assert written["dbp"] is False and {k: written[k] for k in base} == base
+    # the next step is the user's own file, not the study's copy of it
+    assert f"--config {settings.config.resolve()} " in rec.command
     log = (tmp_path / "log.txt").read_text()
+    printed = io.StringIO()
+    print_summary(rec, Console(file=printed, width=400))
+    assert f"your config, unchanged:  {rec.command}" in printed.getvalue()
     assert "confirming: 4 rounds of the baseline and trial 1 (8 unprofiled runs)" in log
 
 
