@@ -379,9 +379,9 @@ def _change_words(change: StepChange) -> str:
     """`0.97x; 90% interval 0.92-1.03x, one-sided Mann-Whitney U (rank-sum) over 20 and 20
     steps from capture step logs (unprofiled steps), p = 0.76`."""
     p = change.p_slower if change.ratio >= 1 else change.p_faster
-    high = f"{change.high:.3g}x" if change.high != float("inf") else "unbounded"
+    high = f"{change.high:#.3g}x" if change.high != float("inf") else "unbounded"
     every = f", every {change.thinned}th step" if change.thinned > 1 else ""
-    return (f"{change.ratio:.3g}x; {1 - 2 * change.alpha:.0%} interval {change.low:.3g}x to "
+    return (f"{change.ratio:#.3g}x; {1 - 2 * change.alpha:.0%} interval {change.low:#.3g}x to "
             f"{high}, {change.test} over {change.n_first} and {change.n_last} steps from "
             f"{change.source}{every}, p = {p:.2g}")
 

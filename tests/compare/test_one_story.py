@@ -71,7 +71,7 @@ def test_a_real_change_is_named_with_its_interval(trainer_run: Callable[[str], P
     assert c.verdict.startswith(
         f"Step time rose from {statistics.median(a) / 1e3:.2f} ms to "
         f"{statistics.median(b) / 1e3:.2f} ms going from 2ranks to 2ranks-mb16 "
-        f"({ratio:.3g}x; 90% interval"), c.verdict
+        f"({ratio:#.3g}x; 90% interval"), c.verdict
     assert " most, from " in c.verdict
 
 
