@@ -254,17 +254,23 @@ def is_h2d_copy(d: dict[str, Any]) -> bool:
 def step_sums(raw: RawTrace, windows: list[tuple[float, float]]) -> dict[str, float]:
     """Per step (mean over `windows`), the precedence compute > communication > H2D copy:
     compute, communication, exposed communication (not under compute), exposed all-to-all
-    (NCCL's SendRecv kernels, not under compute) and exposed H2D copies (under neither)."""
+    (NCCL's SendRecv kernels, not under compute), exposed H2D copies and all exposed copies
+    (under neither), and idle (no device event at all)."""
     compute = raw.busy(is_compute_kernel)
     comm = raw.busy(is_comm_kernel)
     a2a = raw.busy(lambda d: is_comm_kernel(d) and "SendRecv" in d["name"])
     h2d = raw.busy(is_h2d_copy)
     either = raw.busy(lambda d: d["cat"] == "kernel")
-    out = dict.fromkeys(("compute", "comm", "exposed_comm", "exposed_a2a", "exposed_h2d"), 0.0)
+    copies = raw.busy(lambda d: "memcpy" in d["cat"])
+    busy = raw.busy()
+    out = dict.fromkeys(("compute", "comm", "exposed_comm", "exposed_a2a", "exposed_h2d",
+                         "exposed_copy", "idle"), 0.0)
     for lo, hi in windows:
         out["compute"] += covered(compute, lo, hi)
         out["comm"] += covered(comm, lo, hi)
         out["exposed_comm"] += minus(comm, compute, lo, hi)
         out["exposed_a2a"] += minus(a2a, compute, lo, hi)
         out["exposed_h2d"] += minus(h2d, either, lo, hi)
+        out["exposed_copy"] += minus(copies, either, lo, hi)
+        out["idle"] += (hi - lo) - covered(busy, lo, hi)
     return {k: v / len(windows) for k, v in out.items()}
