@@ -54,14 +54,23 @@ def _recoverable(job: JobAnalysis, finding_id: str) -> float:
     return found[finding_id].recoverable_us_per_step
 
 
-def _host_idle(job: JobAnalysis) -> float:
+def _host_idle_causes(job: JobAnalysis) -> dict[str, float]:
     """rule_host_idle: data loading and host-bound launch, each priced alone, counted where it
     reaches max(IDLE_MIN_US, IDLE_MIN_FRACTION x step) (both where only together they do)."""
     splits = [_idle_split(r) for r in job.ranks]
     causes = {k: sum(s[k] for s in splits) / len(splits) for k in ("data_loading", "launch")}
     floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * _mean_step(job))
-    chosen = [v for v in causes.values() if v >= floor] or list(causes.values())
-    return sum(chosen)
+    return {k: v for k, v in causes.items() if v >= floor} or causes
+
+
+def _host_idle(job: JobAnalysis) -> float:
+    """The host-idle finding's recoverable time; its causes must be the ones named: input data
+    (the DataLoader's knob) where data loading counts, a launch where launching does."""
+    chosen = _host_idle_causes(job)
+    finding = next(f for f in diagnose(job) if f.id == "host_idle")
+    assert ("input data" in finding.headline) == ("data_loading" in chosen), finding.headline
+    assert ("launch" in finding.headline) == ("launch" in chosen), finding.headline
+    return sum(chosen.values())
 
 
 def _mean_cause(job: JobAnalysis, cause: str) -> float:
