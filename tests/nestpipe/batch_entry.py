@@ -13,6 +13,11 @@ A spec may ask for a deliberately bugged trainer, which the exactness tests must
   - `micro_batch_negatives`: a two-tower model whose queries take their negatives from their
     whole micro-batch instead of their softmax group, so the loss depends on micro_batches.
 
+Every run also logs each byte count the trainer makes (`ShardedEmbeddings._count`: the
+collective's kind, bytes per row and the rows this rank hands to each peer, its own included),
+with the training step it falls in, to OUT/counts.rank<r>.json: the trainer's own numbers
+behind its summary's `bytes_per_step`, per collective, for the what-if traffic tests.
+
     torchrun ... batch_entry.py SPECS.json   # [{"config", "sets", "out", "fault"}]
 """
 
@@ -26,10 +31,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from recprof.nestpipe import trainer as trainer_module
 from recprof.nestpipe.config import load_config, validate
 from recprof.nestpipe.embedding import ShardedEmbeddings
 from recprof.nestpipe.model import TwoTower, in_batch_softmax_sum
-from recprof.nestpipe.trainer import init_distributed, train
+from recprof.nestpipe.schedule import make_schedule
+from recprof.nestpipe.trainer import Trainer, init_distributed, train
 
 CORRECT = {"hsp_allreduce": ShardedEmbeddings.hsp_allreduce,
            "grads_finish": ShardedEmbeddings.grads_finish,
@@ -66,6 +73,50 @@ FAULTS = {"hsp_no_allreduce": ("hsp_allreduce", _no_allreduce),
 TOWER_FAULTS = {"micro_batch_negatives": ("loss_sum", _micro_batch_negatives)}
 
 
+class CountLog:
+    """The trainer's byte counts of one run, by step (-1 outside the training steps)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.calls: list[dict] = []
+
+    def write(self, out: Path) -> None:
+        (out / f"counts.rank{dist.get_rank()}.json").write_text(json.dumps(self.calls))
+
+
+LOG = CountLog()
+COUNT = ShardedEmbeddings._count
+EVALUATE = Trainer.evaluate
+
+
+def _logged_count(self: ShardedEmbeddings, kind: str, row_bytes: int, counts: list[int]) -> None:
+    LOG.calls.append({"step": LOG.step, "kind": kind, "row_bytes": row_bytes,
+                      "counts": [int(c) for c in counts]})
+    COUNT(self, kind, row_bytes, counts)
+
+
+def _stepping_schedule(trainer: Trainer, feed: object) -> object:
+    schedule = make_schedule(trainer, feed)
+    step = schedule.step
+
+    def counted(*args: object, **kwargs: object) -> object:
+        LOG.step += 1
+        return step(*args, **kwargs)
+
+    schedule.step = counted
+    return schedule
+
+
+def _evaluate(self: Trainer, *args: object, **kwargs: object) -> object:
+    LOG.step = -1  # evaluation's lookups are no training step's
+    return EVALUATE(self, *args, **kwargs)
+
+
+ShardedEmbeddings._count = _logged_count
+Trainer.evaluate = _evaluate
+trainer_module.make_schedule = _stepping_schedule
+
+
 def main(spec_file: str) -> None:
     specs = json.loads(Path(spec_file).read_text())
     configs = [load_config(Path(s["config"]), s["sets"]) for s in specs]
@@ -84,7 +135,9 @@ def main(spec_file: str) -> None:
             name, bugged = TOWER_FAULTS[spec["fault"]]
             setattr(TwoTower, name, bugged)
         out = Path(spec["out"])
+        LOG.__init__()
         train(cfg, device, out, out / "state.pt")
+        LOG.write(out)
     dist.destroy_process_group()
 
 

@@ -100,7 +100,9 @@ def facts_of(analysis_of: Callable[[str], AnalysisResult]) -> Callable[[str], Jo
 
 def _check(found: Finding | None, facts: JobFacts) -> Finding:
     assert found is not None
-    assert 0 < found.recoverable_us_per_step <= facts.step_us
+    # It fires with a cost; what the cost is, is checked against the raw events in
+    # test_findings_oracle.py (a bound such as 0 < r <= step let a 2x error through).
+    assert found.recoverable_us_per_step > 0
     assert set(found.knobs) <= knobs_of(facts.framework, facts.device_kind,
                                         facts.knobs_on)  # its own terms
     assert not set(found.knobs) & TRAINER_ONLY

@@ -23,9 +23,12 @@ from fuzz_traces import Corpus, run_case
 
 SEED = int(os.environ.get("RECPROF_FUZZ_SEED", "2026"))
 CASES = int(os.environ.get("RECPROF_FUZZ_CASES", "160"))
-#: Seconds one case may take before it counts as a hang; the slowest healthy case (20,000
-#: overlapping steps on a CUDA trace) takes about 4 s on a loaded 2-core machine.
-CASE_LIMIT_S = 30.0
+#: A hang guard, not a speed goal (issue 50: no wall-clock limits in tests): a case still
+#: running after this long is stuck, and the guard names it, where pytest's own timeout would
+#: only say the test ran out. The slowest healthy case (20,000 overlapping steps on a CUDA
+#: trace) takes about 4 s on a loaded 2-core machine; how fast the cases run is
+#: `python benchmarks/fuzz_traces.py`'s business.
+CASE_LIMIT_S = 300.0
 
 
 #: Cases drawn from torch_npu's timelines (../shared/ascend): their own reader, string times,

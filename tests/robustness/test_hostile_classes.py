@@ -11,7 +11,6 @@ import itertools
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -172,9 +171,9 @@ def test_an_unbelievable_world_size_is_treated_as_unknown(tmp_path: Path, shared
                                                           world: Any) -> None:
     doc = _load(shared_traces, SST)
     doc["distributedInfo"]["world_size"] = world
-    start = time.monotonic()
+    # set(range(1e9)) took minutes and then all memory; how long it takes now, beside the
+    # clean trace, is benchmarks/hostile_inputs.py's (no wall-clock limit in a test)
     result = _analyse_clean(_write(tmp_path, doc))
-    assert time.monotonic() - start < 20  # set(range(1e9)) took minutes and then all memory
     job = result.jobs[0]
     assert job.world_size is None and job.ranks_missing == []
     assert all(c.group_size >= 1 for c in job.collectives)
@@ -298,10 +297,8 @@ def test_a_megabyte_name_is_cut_and_the_summary_stays_fast(tmp_path: Path,
     kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
     for ev in kernels[:20]:
         ev["name"] = ev["name"] + "x" * 1_000_000
-    start = time.monotonic()
     result = _analyse_clean(_write(tmp_path, doc))
     print_summary(result, Console(file=io.StringIO(), width=120))
-    assert time.monotonic() - start < 30
     longest = max(len(c.process_group) for c in result.jobs[0].collectives)
     assert longest == sanitize.MAX_NAME_CHARS
 
@@ -312,9 +309,7 @@ def test_many_overlapping_steps_are_capped_with_a_warning(tmp_path: Path,
     step = next(e for e in doc["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#"))
     doc["traceEvents"].extend({**step, "name": f"ProfilerStep#{i}", "ts": step["ts"] + i * 0.5,
                                "dur": 1e6} for i in range(200_000))
-    start = time.monotonic()
     result = _analyse_clean(_write(tmp_path, doc))
-    assert time.monotonic() - start < 60
     assert f"only the first {sanitize.MAX_STEPS} are analysed" in _warnings(result)
     assert len(result.jobs[0].ranks[0].steps) == sanitize.MAX_STEPS
 
@@ -324,9 +319,9 @@ def test_clipping_a_union_per_step_is_not_quadratic() -> None:
     starts = np.sort(rng.uniform(0, 1e7, 200_000))
     union = IntervalSet.of(starts, starts + rng.uniform(1, 40, starts.size))
     bounds = np.linspace(0, 1e7 + 100, 200_001)
-    begin = time.monotonic()
+    # A scan per step would be 4e10 comparisons (minutes): benchmarks/hostile_inputs.py times
+    # it beside one pass over the union; pytest's timeout (pyproject) catches a hang here.
     total = sum(union.clip(lo, hi).total() for lo, hi in itertools.pairwise(bounds))
-    assert time.monotonic() - begin < 30  # a scan per step: 4e10 comparisons
     assert total == pytest.approx(union.total(), rel=1e-9)
     span = IntervalSet.span(2e6, 3e6)
     clipped, reference = union.clip(2e6, 3e6), union.intersect(span)

@@ -57,10 +57,8 @@ def test_oom_is_recognised(tmp_path: Path) -> None:
 
 
 def test_timeout_ends_every_process_of_the_trial(tmp_path: Path) -> None:
-    start = time.monotonic()
     outcome, trial_dir = _run(tmp_path, {"fail": "hang"}, timeout=3.0)
-    assert outcome.status == "timeout"
-    assert time.monotonic() - start < 15
+    assert outcome.status == "timeout" and outcome.reason.startswith("no result within 3 s")
     child = int((trial_dir / "child.pid").read_text())
     time.sleep(0.2)
     # The grandchild, in another process group, was killed too (gone, or a zombie).
@@ -96,24 +94,23 @@ def test_a_trial_that_hangs_mid_run_is_ended_a_few_steps_after_its_next_step_was
     tmp_path: Path, baseline: Watchdog
 ) -> None:
     config = STEPPED | {"dbp": True, "hang_if": {"dbp": True}, "hang_at_step": 3}
-    start = time.monotonic()
     outcome, _ = _run(tmp_path, config, timeout=HARD_TIMEOUT, watchdog=baseline)
-    took = time.monotonic() - start
     assert outcome.status == "timeout"
+    # the watchdog ended it ("hung: ..."), not the hard timeout ("no result within 120 s"):
+    # said by the reason, not by a clock
     assert outcome.reason.startswith("hung: no sign of step 4 of 6 ")
     assert outcome.reason.endswith("; all processes ended")
     assert outcome.pace is not None and outcome.pace.steps == 3
-    assert took < _bound(baseline, 3) < HARD_TIMEOUT / 4
+    assert _bound(baseline, 3) < HARD_TIMEOUT / 4  # the pace allows far less than the cap
 
 
 def test_a_trial_that_hangs_before_its_first_step_is_ended_early(
     tmp_path: Path, baseline: Watchdog
 ) -> None:
-    start = time.monotonic()
     outcome, trial_dir = _run(tmp_path, {"fail": "hang"}, timeout=HARD_TIMEOUT,
                               watchdog=baseline)
+    # the watchdog's reason, not the hard timeout's: ended early, without a clock in the test
     assert outcome.status == "timeout" and outcome.reason.startswith("hung: no sign of its first")
-    assert time.monotonic() - start < _bound(baseline, 0)
     child = int((trial_dir / "child.pid").read_text())
     time.sleep(0.2)
     stat = Path(f"/proc/{child}/stat")

@@ -75,11 +75,10 @@ def test_an_identical_config_waits_for_an_earlier_run_but_never_for_a_later_one(
     assert w.earlier_answer(first, "k") is None
     finisher = threading.Timer(0.3, lambda: w.study.tell(first, 5.0))
     finisher.start()
-    start = time.monotonic()
     answer = w.earlier_answer(later, "k")  # waits for `first` to finish
     finisher.join()
+    # first's value exists only once the timer told it: the answer proves the wait (no clock)
     assert answer is not None and answer.number == first.number and answer.value == 5.0
-    assert 0.25 < time.monotonic() - start < 10
     assert w.earlier_answer(later, "other") is None
 
 

@@ -2,9 +2,12 @@
 
 The baseline is captured once (comm_bound.yaml at embedding_dim 128: wide embeddings over two
 CPU ranks, so the embedding all-to-alls are most of the step and a wire-precision knob moves
-it well beyond run-to-run noise); fp16 is then run for real without capture. A model that
-ignored the bytes, or the codec's cost, or predicted profiled steps, would miss the sign or
-the 20%.
+it well beyond run-to-run noise). How close the predictions come to live runs is a benchmark,
+not a test (issue 50: on a shared 2-core host the measured fp16 effect itself ranged from -25%
+to +4% between runs of the suite, so no tolerance both fails a broken model and passes every
+run): `python benchmarks/whatif_vs_measured.py` runs the grid (qcomms fp16 among it) and
+prints predicted against measured; tests/whatif/test_h100_truth.py holds the model to recorded
+GPU measurements.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -51,49 +53,9 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _measured_step_us(tmp: Path, qcomms: str) -> float:
-    out = tmp / qcomms
-    proc = subprocess.run(_trainer("--set", f"qcomms={qcomms}", "--out", str(out)),
-                          capture_output=True, text=True, timeout=600, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(r["wall_s"] for r in rows if r["step"] >= WARMUP) * 1e6
-
-
 def _whatif(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "recprof", "whatif", *args],
                           capture_output=True, text=True, timeout=600, cwd=REPO, env=ENV)
-
-
-@pytest.mark.skipif(
-    not os.environ.get("RECPROF_ACCURACY"),
-    reason="accuracy against live runs is on demand (RECPROF_ACCURACY=1): on a shared 2-core "
-           "host the measured fp16 effect itself ranged from -25% to +4% between runs of the "
-           "suite, so no tolerance both fails a broken model and passes every run")
-def test_fp16_is_predicted_with_the_measured_sign_and_within_20_percent(
-        captured: Path, tmp_path: Path) -> None:
-    """The predicted change fp32 -> fp16 against the measured one. Measured as the ratio of
-    runs made back to back, alternating (fp32, fp16, fp32, fp16), so the machine's drift since
-    the capture cancels; the predicted steps themselves must also be within 25% of the runs."""
-    doc_path = tmp_path / "w.json"
-    proc = _whatif(str(captured), "--try", "qcomms=fp16", "--json", str(doc_path))
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(doc_path.read_text())
-    assert doc["schema"] == "recprof.whatif/1" and doc["baseline"]["calibrated"]
-    predicted_base = doc["baseline"]["step_us"]
-    (scenario,) = doc["scenarios"]
-    assert scenario["knobs"] == {"qcomms": "fp16"} and scenario["assumptions"]
-    predicted = scenario["step_us"]
-    runs: dict[str, list[float]] = {"fp32": [], "fp16": []}
-    for i in range(2):
-        for qcomms in runs:
-            runs[qcomms].append(_measured_step_us(tmp_path / str(i), qcomms))
-    fp32, fp16 = (statistics.median(runs[q]) for q in ("fp32", "fp16"))
-    seen = (predicted_base, predicted, runs)
-    assert (predicted < predicted_base) == (fp16 < fp32), seen
-    predicted_ratio, measured_ratio = predicted / predicted_base, fp16 / fp32
-    assert abs(predicted_ratio - measured_ratio) / measured_ratio < 0.20, seen
-    assert abs(predicted - fp16) / fp16 < 0.25 and abs(predicted_base - fp32) / fp32 < 0.25, seen
 
 
 def test_a_knob_the_model_cannot_handle_is_refused_in_one_line(captured: Path) -> None:
