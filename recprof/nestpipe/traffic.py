@@ -133,27 +133,33 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
 
 def _count_step(windows: Windows, totals: dict[int, RankTraffic], layout: Any, group: int,
                 world: int, n: int, cfg: TrainConfig, previous: Windows | None) -> None:
-    """Add one step's messages per rank (send and receive counted per peer, max taken)."""
+    """Add one step's messages per rank (send and receive counted per peer, max taken, per
+    exchange: the rows and DBP's refresh travel in one exchange over all tables with
+    `fuse_tables`, else one per table, as the trainer's comm groups run them; the keys are
+    routed for all of them at once)."""
     import torch
 
-    # [m][owner, requester] rows fetched, [m][requester, owner] gradient rows, keys routed
-    fwd = np.zeros((n, world, world))
-    bwd = np.zeros((n, world, world))
-    keys = np.zeros((world, world))
-    refresh = np.zeros((world, world))
+    # [u] the exchange (comm group) a table's rows travel in
+    units = 1 if cfg.fuse_tables else cfg.num_tables
+    # [u][m][owner, requester] rows fetched, [u][m][requester, owner] gradient rows, keys
+    fwd = np.zeros((units, n, world, world))
+    bwd = np.zeros((units, n, world, world))
+    keys = np.zeros((units, world, world))
+    refresh = np.zeros((units, world, world))
     # owner -> its touched (table << 40) + row keys, one array per requester and table
     touched: dict[int, list[np.ndarray]] = {r: [] for r in range(world)}
     for r, tabs in windows.items():
         g0 = cfg.group_members("embedding_rows_fwd", r, world)[0]
         for t, (uniq, first, last) in tabs.items():
+            u = 0 if cfg.fuse_tables else t
             owner = layout.locate(t, torch.from_numpy(uniq))[0].numpy() + g0
             fetched = np.ones(uniq.shape, dtype=bool)
             if cfg.dbp and previous is not None and t in previous[r]:
                 fetched = ~np.isin(uniq, previous[r][t][0], assume_unique=True)
-            keys[:, r] += np.bincount(owner, minlength=world)
+            keys[u, :, r] += np.bincount(owner, minlength=world)
             for m in range(n):
-                fwd[m, :, r] += np.bincount(owner[(first == m) & fetched], minlength=world)
-                bwd[m, r, :] += np.bincount(owner[last == m], minlength=world)
+                fwd[u, m, :, r] += np.bincount(owner[(first == m) & fetched], minlength=world)
+                bwd[u, m, r, :] += np.bincount(owner[last == m], minlength=world)
             order = np.argsort(owner, kind="stable")
             grouped = (t << 40) + uniq[order]
             ends = np.cumsum(np.bincount(owner, minlength=world))
@@ -172,23 +178,28 @@ def _count_step(windows: Windows, totals: dict[int, RankTraffic], layout: Any, g
             for t, (uniq, _first, _last) in tabs.items():
                 stale = np.isin(uniq, updated.get(t, uniq[:0]), assume_unique=True)
                 owner = layout.locate(t, torch.from_numpy(uniq[stale]))[0].numpy() + g0
-                refresh[:, r] += np.bincount(owner, minlength=world)
+                refresh[0 if cfg.fuse_tables else t, :, r] += np.bincount(owner,
+                                                                          minlength=world)
 
     def distinct(ranks: list[int]) -> int:
         parts = [a for x in ranks for a in touched[x]]
         return int(np.unique(np.concatenate(parts)).size) if parts else 0
 
-    def message(mat: np.ndarray, r: int, scale: float) -> float:
-        return float(max(mat[r, :].sum(), mat[:, r].sum()) * scale)
+    def message(mats: np.ndarray, r: int, scale: float) -> float:
+        """Rank r's messages in one kind of exchange ([u][sender, receiver] per exchange):
+        per exchange the larger of what it sends and receives, summed over the exchanges."""
+        return float(np.maximum(mats[:, r, :].sum(axis=1), mats[:, :, r].sum(axis=1)).sum()
+                     * scale)
 
     for r in range(world):
         tr = totals[r]
-        units = 1 if cfg.fuse_tables else len(windows[r])  # one exchange per comm group
+        # one routing for every exchange at once: each one's split sizes, then all keys
         tr.key_routing[0] += KEY_BYTES * units * group
-        tr.key_routing[1] += message(keys.T, r, KEY_BYTES)
+        tr.key_routing[1] += message(keys.sum(axis=0, keepdims=True).transpose(0, 2, 1), r,
+                                     KEY_BYTES)
         for m in range(n):
-            tr.rows_fwd[m] += message(fwd[m], r, 1)
-            tr.rows_bwd[m] += message(bwd[m], r, 1)
+            tr.rows_fwd[m] += message(fwd[:, m], r, 1)
+            tr.rows_bwd[m] += message(bwd[:, m], r, 1)
         if cfg.hsp_groups > 1:
             replicas = list(cfg.group_members("hsp_embedding_grads", r, world))
             union = distinct(replicas)
@@ -198,6 +209,6 @@ def _count_step(windows: Windows, totals: dict[int, RankTraffic], layout: Any, g
         else:
             tr.rows_applied += distinct([r])
         if cfg.dbp:
-            tr.refresh_keys[0] += KEY_BYTES * group
+            tr.refresh_keys[0] += KEY_BYTES * units * group
             tr.refresh_keys[1] += message(refresh, r, KEY_BYTES)
             tr.refresh_rows += message(refresh, r, 1)

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 
 #: The knob settings compared: the float32 baseline, two wire formats, reshape and micro-batches
 #: (nestpipe_runs.VARIANTS; runs the distributed tests launch anyway). Measured 2026-11-28:
-#: all five equal to the byte (rel 1e-12); unfused tables do not (the xfail below).
+#: all equal to the byte (rel 1e-12); unfused tables too since traffic counts one exchange per
+#: table (before, one over all tables: rank 0's forward rows 8,048 B against the trainer's 8,384).
 VARIANTS = ["fp32", "bf16", "fp8", "reshape2", "fwp2"]
 WORLD = 2
 #: The trainer's counter kinds for what traffic counts.
@@ -69,13 +70,7 @@ def _messages(run: Run, steps: range) -> dict[int, dict[str, float]]:
     return {r: {k: v / len(steps) for k, v in kinds.items()} for r, kinds in out.items()}
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, pytest.param("fwp4_clustered", marks=(
-    pytest.mark.xfail(strict=True, reason=(
-        "with fuse_tables=false each table is its own all-to-all, but traffic counts one "
-        "message per micro-batch over all tables (the larger of the summed sends and receives): "
-        "8,048 B of rank 0's forward rows per step against the 8,384 B its per-table calls "
-        "move (-4%), and forward and backward differ where the trainer's are equal; a gap in "
-        "nestpipe/traffic.py issue 50 found, left to its owners"))))])
+@pytest.mark.parametrize("variant", [*VARIANTS, "fwp4_clustered"])
 def test_traffic_bytes_are_the_trainers(runs: Runs, variant: str) -> None:
     run = runs[variant]
     # the logged calls are the trainer's summary, to the byte
