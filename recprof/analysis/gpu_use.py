@@ -52,8 +52,9 @@ from recprof.trace.vocabulary import PURPOSE_STAGE, STAGES
 #: share of the step...
 BUSY_MIN_UTILIZATION = 0.5
 #: ...whose SM efficiency is under this share of its utilization (its kernels occupy few
-#: SMs while they run)...
-BUSY_LOW_SM_SHARE = 0.5
+#: SMs while they run: waiting NCCL kernels fill 5-10% of a V100's SMs, so a device half
+#: waiting reaches at most ~55%)...
+BUSY_LOW_SM_SHARE = 0.6
 #: ...and whose busy time is at least this share communication kernels waiting for peers.
 BUSY_WAITING_SHARE = 0.5
 #: The ranks named as waited for cause at least this share of the blocking wait together.

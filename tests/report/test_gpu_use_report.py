@@ -1,0 +1,61 @@
+"""The report's "GPU use" section (issue 46) on real sets: what it says, that its figure draws
+the analysis' numbers, and that a figure the trace lacks reads "not in this trace", never 0."""
+
+from __future__ import annotations
+
+import html as htmllib
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from test_report import figures_of
+
+from recprof.analysis import AnalysisResult
+from recprof.report import write_report
+
+
+def _section(html: str, name: str) -> str:
+    """The text of the section whose id ends with `name` (tags stripped, entities read)."""
+    match = re.search(rf'<section[^>]*id="[^"]*-{name}"[^>]*>(.*?)</section>', html, re.S)
+    assert match, f"no {name} section"
+    return htmllib.unescape(re.sub(r"<[^>]+>", " ", match.group(1)))
+
+
+def test_sst_section_names_the_busy_ranks_and_who_they_wait_for(
+        real_report: Callable[[str], Path],
+        analysis_of: Callable[[str], AnalysisResult]) -> None:
+    html = real_report("sst").read_text("utf-8")
+    text = " ".join(_section(html, "gpu-use").split())
+    assert ("Ranks 0, 1 and 3 are busy but waiting: 95% of their busy time is NCCL kernels "
+            "waiting for rank 2.") in text
+    assert "MFU unknown: the trace records no shapes" in text
+    verdict = " ".join(_section(html, "verdict").split())
+    assert "GPU use, mean over ranks: 73.0% utilization" in verdict
+    # The figure draws the analysis' numbers: each rank's SM efficiency at its diamond, each
+    # rank's bar summing to the whole step.
+    (job,) = analysis_of("sst").jobs
+    figure = next(f for k, f in figures_of(html).items() if k.endswith("-gpu-use-bars"))
+    diamonds = next(t for t in figure["data"] if t["type"] == "scatter")
+    assert diamonds["x"] == [round(100 * r.sm.sm_efficiency, 2) for r in job.ranks]
+    bars = [t for t in figure["data"] if t["type"] == "bar"]
+    for i in range(len(job.ranks)):
+        assert abs(sum(t["x"][i] for t in bars) - 100.0) < 0.05
+
+
+def test_rocm_reads_not_in_this_trace(analysis_of: Callable[[str], AnalysisResult],
+                                      tmp_path: Path) -> None:
+    result = analysis_of("tracelens/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+    html = write_report(result, tmp_path / "mi300.html").read_text("utf-8")
+    text = " ".join(_section(html, "gpu-use").split())
+    assert "estimated CU efficiency not in this trace" in text
+    assert "does not carry the kernels' launch arguments" in text
+    (row,) = re.findall(r"<tr>\s*<td[^>]*>0</td>(.*?)</tr>",
+                        html.split('class="sortable gpu-use"')[1], re.S)[:1]
+    cells = [htmllib.unescape(re.sub(r"<[^>]+>", "", c)).strip()
+             for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert cells[1] == "not in this trace" and cells[2] == "not in this trace"  # never 0
+
+
+def test_cpu_run_has_no_gpu_use_section(gloo_report: Path) -> None:
+    html = gloo_report.read_text("utf-8")
+    assert "-gpu-use" not in html and "GPU use" not in html
