@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof import terminal, units
+from recprof.analysis.diagnosis import prediction_text
 from recprof.analysis.executors import DASK_INSTALL_HINT
 from recprof.analysis.frameworks import framework_line, knobs_on_line
 from recprof.analysis.inputs import analyze_with_progress
@@ -229,6 +230,8 @@ def _print_findings(job: JobAnalysis, console: Console) -> None:
                       highlight=False)
         for line in f.evidence:
             console.print(f"     - {escape(line)}", highlight=False)
+        if predicted := prediction_text(f):
+            console.print(f"     {escape(predicted)}", highlight=False)
         if f.knobs:
             console.print(f"     knobs: {escape(', '.join(f.knobs))}", highlight=False)
         for command in f.commands:

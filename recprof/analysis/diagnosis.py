@@ -634,54 +634,61 @@ def rule_exposed_h2d(facts: JobFacts) -> Finding | None:
 
 def rule_host_idle(facts: JobFacts) -> Finding | None:
     """The device sits idle because the host is late: data loading or kernel launch (on a CPU
-    run, the main thread's own overhead between ops: there is no device to launch on)."""
+    run, the main thread's own time between ops: there is no device to launch on).
+
+    Each cause is priced on its own: a finding is about the causes that pass the thresholds
+    (both together only where neither alone does), so the main thread's DataLoader waits on a
+    CPU run are never counted as its overhead between ops, nor the other way round."""
     step = facts.step_us
     device = device_facts(facts.device_kind)
     cpu = not device.queues_work  # the "device" is the thread itself: nothing is launched
-    data = _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in DATA_CAUSES)
-                 for r in facts.ranks)
-    launch = _mean(sum(v for k, v in r.idle_by_cause_us.items()
-                       if k in (CPU_OVERHEAD_CAUSES if cpu else LAUNCH_CAUSES))
-                   for r in facts.ranks)
-    host = data + launch
+    causes = {
+        DATA: _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in DATA_CAUSES)
+                    for r in facts.ranks),
+        LAUNCH: _mean(sum(v for k, v in r.idle_by_cause_us.items()
+                          if k in (CPU_OVERHEAD_CAUSES if cpu else LAUNCH_CAUSES))
+                      for r in facts.ranks),
+    }
     floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)  # what a cause must reach to count
-    if host < floor:
-        return None
+    chosen = [m for m, us in causes.items() if us >= floor]
+    if not chosen:
+        if sum(causes.values()) < floor:
+            return None
+        chosen = [DATA, LAUNCH]  # neither alone passes, together they do
+    chosen.sort(key=lambda m: -causes[m])
+    host = sum(causes[m] for m in chosen)
     launch_words = "host overhead between ops" if cpu else "host-bound launch"
+    words = {DATA: "input data", LAUNCH: launch_words}
     idles = f"the {device.device} idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step)"
-    # The smaller cause gets its own remedies too where it alone would pass the thresholds:
-    # a ResNet50 on V100 (kineto_tb_plugin 2021-01, num_workers=0) idled 58 ms per 214 ms
-    # step on launches and 47 ms on its DataLoader, and was told only about launches.
-    both = min(data, launch) >= floor
-    if both:
-        mechanisms = (DATA, LAUNCH) if data >= launch else (LAUNCH, DATA)
-        causes = sorted(((data, "input data"), (launch, launch_words)), reverse=True)
+    # Both causes get their remedies where both count: a ResNet50 on V100 (kineto_tb_plugin
+    # 2021-01, num_workers=0) idled 58 ms per 214 ms step on launches and 47 ms on its
+    # DataLoader, and was told only about launches.
+    if len(chosen) == 2:
         title = ("Main thread waiting for input data and between ops" if cpu else
                  f"{device.device} idle, waiting for input data and for the host to launch work")
         headline = f"{idles} on the host: " + " and ".join(
-            f"{words} {_ms(us)}" for us, words in causes)
-    elif data >= launch:
-        mechanisms = (DATA,)
+            f"{words[m]} {_ms(causes[m])}" for m in chosen)
+    elif chosen == [DATA]:
         title = f"{device.device[:1].upper()}{device.device[1:]} idle, waiting for input data"
         headline = f"{idles} waiting for input data"
+    elif cpu:
+        title = "Host overhead between ops"
+        headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
+                    f"({_ms(host)} per step) between ops, in time no op recorded (Python and "
+                    "framework overhead, I/O or a GIL wait)")
     else:
-        mechanisms = (LAUNCH,)
-        if cpu:
-            title = "Host overhead between ops"
-            headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
-                        f"({_ms(host)} per step) between ops, in Python and framework overhead")
-        else:
-            title = f"{device.device} idle, waiting for the host to launch work"
-            headline = f"{idles} waiting for the host to launch work"
-    remedy_words = ("feeding the steps and cutting the host overhead" if both else
-                    "feeding the steps" if data >= launch else "cutting that overhead")
+        title = f"{device.device} idle, waiting for the host to launch work"
+        headline = f"{idles} waiting for the host to launch work"
+    remedy_words = ("feeding the steps and cutting the host overhead" if len(chosen) == 2 else
+                    "feeding the steps" if chosen == [DATA] else "cutting that overhead")
     return _finding(
         facts, id="host_idle", title=title, headline=headline,
         evidence=["idle per step, mean over ranks: " + ", ".join(
-            f"{words} {_ms(us)}" for words, us in (("data loading", data), (launch_words, launch))
-            if us > 0) + f" (all idle: {_ms(facts.mean('idle_us'))})"],
+            f"{label} {_ms(causes[m])}" for m, label in ((DATA, "data loading"),
+                                                         (LAUNCH, launch_words))
+            if causes[m] > 0) + f" (all idle: {_ms(facts.mean('idle_us'))})"],
         estimate=f"{remedy_words} recovers up to {_ms(host)} per step",
-        recoverable_us=host, mechanisms=mechanisms,
+        recoverable_us=host, mechanisms=tuple(chosen),
     )
 
 
@@ -697,8 +704,8 @@ _HOST_CAUSE_RULES = (
      "{Device} idle while the host runs CPU ops that launch nothing",
      "while the thread that launches its work runs CPU ops that launch nothing"),
     ("no_op", "unrecorded_host", UNRECORDED,
-     "{Device} idle while the host is in no op the trace recorded",
-     "while the thread that launches its work is in no op the trace recorded (Python, I/O "
+     "{Device} idle while the host runs no recorded op",
+     "while the thread that launches its work runs no op the trace recorded (Python, I/O "
      "or a GIL wait)"),
 )
 
@@ -1020,6 +1027,29 @@ def diagnose_facts(facts: JobFacts) -> list[Finding]:
 def diagnose(job: JobAnalysis) -> list[Finding]:
     """Findings for one analysed job, ranked by recoverable time per step."""
     return diagnose_facts(job_facts(job))
+
+
+def prediction_text(finding: Finding) -> str:
+    """`Predicted by recprof whatif (unprofiled step 13.5 ms now): micro_batches=2: 13.7 ms
+    (+1%); ...`, with what it means for the knobs: which to try first, or that none of them is
+    predicted to make this job faster (the finding's bound assumes a perfect overlap or the
+    full byte saving; the what-if prices this job's own step)."""
+    if not finding.predictions:
+        return ""
+    base = finding.predictions[0].base_us
+    parts = "; ".join(f"{k.knob}={k.value}: {_ms(k.step_us)} ({k.change:+.0%})"
+                      for k in finding.predictions)
+    text = f"Predicted by recprof whatif (unprofiled step {_ms(base)} now): {parts}"
+    if finding.prediction_note:
+        text += f", {finding.prediction_note}"
+    faster = [k for k in finding.predictions if k.step_us < base]
+    if not faster:
+        return text + ". None of these knobs is predicted to make this job faster."
+    slower = [k for k in finding.predictions if k.step_us >= base]
+    text += f". Try {faster[0].knob}={faster[0].value} first"
+    if slower:
+        text += ("; predicted no faster here: " + ", ".join(f"{k.knob}" for k in slower))
+    return text + "."
 
 
 def verdict(job: JobAnalysis, found: list[Finding]) -> str:

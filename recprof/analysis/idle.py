@@ -11,7 +11,7 @@ launch), and until then the host is still issuing the work.
   (`launch_latency`), the host had not issued the work: the host part. It is split by what the
   thread that launched the work was doing then (recprof/analysis/host_activity.py): in the
   memory allocator, waiting for the device, loading data, launching, in a collective, in CPU
-  ops that launch nothing, or in no op the trace recorded.
+  ops that launch nothing, or in no op the trace recorded at all.
 - After that the work sat queued: the queued part. Work queued behind a stream wait
   (Kineto's `cuda_sync` "Stream Wait Event", recorded when capture turns the sync events on)
   could not start before the work it waits for ended: that stretch is waiting on another

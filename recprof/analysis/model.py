@@ -555,6 +555,21 @@ class PeerWaits:
 
 
 @dataclass
+class KnobPrediction:
+    """What `recprof whatif` predicts one of a finding's knobs does to the unprofiled step: the
+    knob's best value on this job, the step it predicts and the step now (us)."""
+
+    knob: str
+    value: str
+    step_us: float
+    base_us: float
+
+    @property
+    def change(self) -> float:
+        return (self.step_us - self.base_us) / self.base_us if self.base_us > 0 else 0.0
+
+
+@dataclass
 class Finding:
     """One diagnosed bottleneck: what it costs, the evidence, and what to change.
 
@@ -575,6 +590,13 @@ class Finding:
     advice: str = ""
     knobs: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+    #: The what-if's prediction for each knob it can price (recprof/whatif/findings.py), best
+    #: first; `knobs` is then in the same order, the knobs it cannot price last. Empty where
+    #: the what-if did not run (`recprof analyze`) or cannot model the job.
+    predictions: list[KnobPrediction] = field(default_factory=list)
+    #: What the prediction leaves out, where it says so (the codec's kernels of another
+    #: framework's job).
+    prediction_note: str = ""
 
     @property
     def tune_command(self) -> str | None:

@@ -71,7 +71,7 @@ _HOST_WORDS = {
     "host-bound launch": "while the host was launching work",
     "waiting on a collective": "while the host was in collectives and waits",
     "CPU ops launching nothing": "while the host ran CPU ops that launch nothing",
-    "no op recorded": "while the host was in no op the trace recorded (Python, I/O or a GIL wait)",
+    "no op recorded": "while the host ran no op the trace recorded (Python, I/O or a GIL wait)",
 }
 IDLE = "device idle"
 DEVICE = "device"

@@ -59,6 +59,8 @@ from recprof.analysis.timeline import (
 )
 from recprof.analysis.windows import Window, step_windows
 from recprof.errors import RecprofError
+from recprof.runfolder import layout
+from recprof.runfolder.run import capture_folders
 from recprof.trace import ascend, build_rank_trace, read_trace
 from recprof.trace.model import RankTrace, TraceHeader
 from recprof.trace.reader import TraceFileError, is_trace_file
@@ -91,6 +93,13 @@ def discover(paths: Sequence[Path]) -> list[Path]:
             files.append(path)
         elif path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and is_trace_file(p))
+            if capture_folders(path):
+                # A capture's manifest, metadata and analysis are JSON too: only its traces.
+                found = [p for p in found if p.parent.name == layout.TRACES]
+                if not found:
+                    raise RecprofError(
+                        f"{path}: a capture run folder with no trace in it: the job ended "
+                        "before a step was recorded (its manifest.json says how it ended)")
             kineto = [p for p in found if ".pt.trace.json" in p.name]
             files.extend(kineto or ascend.trace_files(found) or found)
             if not found:
@@ -355,7 +364,7 @@ def _assemble_jobs(outcomes: list[RankOutcome], steps: frozenset[int] | None,
         device_names = sorted({n for i in members for n in headers[i].device_names})
         framework, evidence = detect(outcomes[i].framework_marks for i in members)
         on = knobs_on([outcomes[i].framework_marks for i in members], len(members),
-                      max((len(a.steps) for a in analyses), default=1))
+                      max((len(a.steps) for a in analyses), default=1), framework)
         job = summarize_job(JobAnalysis(
             id=job_id([headers[i].path for i in members], taken_ids),
             world_size=world,

@@ -492,7 +492,8 @@ _HOST_WORDS = {
     host_activity.HOST_BOUND_LAUNCH: "in runtime calls (launching work)",
     host_activity.COLLECTIVE_WAIT: "in collective and wait ops",
     host_activity.HOST_OPS: "in CPU ops that launch nothing",
-    host_activity.NO_OP: "in no op the trace recorded (unexplained: Python, I/O or a GIL wait)",
+    host_activity.NO_OP: ("outside every op the trace recorded (unexplained: Python, I/O or a "
+                          "GIL wait)"),
 }
 
 

@@ -75,30 +75,40 @@ class Attribution:
 def _innermost(labels: LabelSpans, rows: np.ndarray, times: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
     """For each time, the stage of the innermost label in `rows` open at it (-1 if none) and
-    the purpose of the innermost one that names a purpose (-1 if none). Labels of one thread
-    nest, so a sweep keeps the open ones on a stack."""
-    order = rows[np.lexsort((-labels.end[rows], labels.start[rows]))].tolist()
-    # Python lists: the sweep reads one element at a time, where numpy scalars cost ~5x.
-    starts, ends = labels.start.tolist(), labels.end.tolist()
-    stages, purposes = labels.stage.tolist(), labels.purpose.tolist()
-    at = times.tolist()
-    stage = [-1] * len(at)
-    purpose = [-1] * len(at)
-    stack: list[int] = []
-    nxt = 0
-    for i in np.argsort(times, kind="stable").tolist():
-        t = at[i]
-        while nxt < len(order) and starts[order[nxt]] <= t:
-            stack.append(order[nxt])
-            nxt += 1
-        # Times only grow, so a label closed before this time stays closed: drop it for
-        # good. Labels of other threads interleave (non-main threads share one sweep), so
-        # closed ones can sit anywhere in the stack, not only on top.
-        stack = [j for j in stack if ends[j] >= t]
-        if stack:
-            stage[i] = next((stages[j] for j in reversed(stack) if stages[j] >= 0), -1)
-            purpose[i] = next((purposes[j] for j in reversed(stack) if purposes[j] >= 0), -1)
-    return np.array(stage, dtype=np.int16), np.array(purpose, dtype=np.int16)
+    the purpose of the innermost one that names a purpose (-1 if none). The innermost is the
+    one that started last (the shorter at equal starts) among those open at the time, whether
+    or not the labels of several threads interleave."""
+    order = rows[np.lexsort((-labels.end[rows], labels.start[rows]))]
+    stage = _last_open(labels.start[order], labels.end[order], labels.stage[order], times)
+    purpose = _last_open(labels.start[order], labels.end[order], labels.purpose[order], times)
+    return stage.astype(np.int16), purpose.astype(np.int16)
+
+
+def _last_open(starts: np.ndarray, ends: np.ndarray, values: np.ndarray, times: np.ndarray
+               ) -> np.ndarray:
+    """Per time, the value of the last span (in the given order, by start) among those with a
+    value (>= 0) open at it, or -1. The last span started by then is found by bisection; from
+    it back, the last one still open is found by binary lifting over a table of the spans'
+    latest ends per power-of-two block, all times at once."""
+    keep = values >= 0
+    starts, ends, values = starts[keep], ends[keep], values[keep]
+    out = np.full(len(times), -1, dtype=np.int64)
+    if not starts.size or not len(times):
+        return out
+    pos = np.searchsorted(starts, times, side="right") - 1
+    # latest[p][i]: the latest end among spans i - 2^p + 1 .. i
+    latest = [ends]
+    while (1 << len(latest)) <= starts.size:
+        step = 1 << (len(latest) - 1)
+        prev = latest[-1]
+        latest.append(np.concatenate([prev[:step], np.maximum(prev[step:], prev[:-step])]))
+    for power in range(len(latest) - 1, -1, -1):
+        block = 1 << power
+        skip = (pos - block + 1 >= 0) & (latest[power][np.maximum(pos, 0)] < times)
+        pos = np.where(skip, pos - block, pos)
+    found = (pos >= 0) & (ends[np.maximum(pos, 0)] >= times)
+    out[found] = values[pos[found]]
+    return out
 
 
 def attribute(trace: RankTrace) -> Attribution:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recprof import units
+from recprof.analysis.diagnosis import prediction_text
 from recprof.analysis.frameworks import framework_line, knobs_on_line
 from recprof.analysis.model import CollectiveStats, JobAnalysis, StageTime, StepMetrics
 from recprof.analysis.stages import waiting_note
@@ -425,7 +426,8 @@ def _findings(job: JobAnalysis, anchor: str) -> Section:
                f"{units.percent(m.idle, m.step)} of a {units.duration(m.step)} step; every "
                f"rule's threshold is in docs/diagnosis.md.")
     return Section(f"{anchor}-findings", "Findings, ranked by recoverable time per step",
-                   [FindingList(job.findings, nothing)],
+                   [FindingList(job.findings, nothing,
+                                [prediction_text(f) for f in job.findings])],
                    note="Rules, thresholds and how each estimate is made: docs/diagnosis.md "
                         "in recprof.")
 

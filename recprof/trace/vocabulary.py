@@ -365,16 +365,22 @@ _SETTING_SIGNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 #: The prefix that keeps a setting's count apart from the frameworks' in a rank's marks.
 SETTING_MARK = "setting:"
+#: The built-in trainer says its settings that are on in one label per step (its boolean
+#: knobs that are true, its others away from the synchronous baseline: `nestpipe:settings
+#: fuse_tables=true qcomms=bf16`; recprof/nestpipe/trainer.py).
+NESTPIPE_SETTINGS = "nestpipe:settings"
 
 
 @cache
-def setting_sign(name: str) -> str | None:
-    """The setting a host label says is on (`qcomms=fp16`), or None."""
+def settings_signed(name: str) -> tuple[str, ...]:
+    """The settings a host label says are on (`("qcomms=fp16",)`); empty for most labels."""
+    if name.startswith(NESTPIPE_SETTINGS + " "):
+        return tuple(t.lower() for t in name.split()[1:] if "=" in t)
     for pattern, setting in _SETTING_SIGNS:
         match = pattern.search(name)
         if match:
-            return setting.format(*(g.lower() for g in match.groups()))
-    return None
+            return (setting.format(*(g.lower() for g in match.groups())),)
+    return ()
 
 
 _INTS = re.compile(r"-?\d+")
