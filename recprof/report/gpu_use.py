@@ -23,8 +23,10 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _waiting_words(job: JobAnalysis) -> str:
-    """`Ranks 0, 1 and 3 are busy but waiting: 95% of their busy time is NCCL kernels waiting
-    for rank 2.` (empty when no rank is)."""
+    """`Ranks 0, 1 and 3 read 95.7% utilization and 12.8% estimated SM efficiency: busy but
+    waiting, 95% of their busy time is NCCL kernels waiting for rank 2.` (empty when no rank
+    is). Their own figures, not the job's means: the mean over ranks mixes them with the late
+    rank's idle device and hides what a dashboard shows for them."""
     use = job.sm
     if use is None or not use.busy_waiting_ranks:
         return ""
@@ -35,9 +37,16 @@ def _waiting_words(job: JobAnalysis) -> str:
     busy = sum(r.sm.busy_split.busy_us for r in waiting)  # type: ignore[union-attr]
     late = _ranks(use.waited_for) if use.waited_for else "each other"
     lead = _ranks(use.busy_waiting_ranks)
-    return (f" {lead[0].upper()}{lead[1:]} {'is' if len(use.busy_waiting_ranks) == 1 else 'are'}"
-            f" busy but waiting: {units.percent(wait, busy)} of their busy time is "
-            f"{words.collectives} kernels waiting for {late}.")
+    util = sum(r.sm.gpu_utilization for r in waiting) / len(waiting)  # type: ignore[union-attr]
+    sm = [r.sm.sm_efficiency for r in waiting if r.sm is not None
+          and r.sm.sm_efficiency is not None]
+    read = f"{units.fraction(util)} utilization"
+    if sm:
+        read += (f" and {units.fraction(sum(sm) / len(sm))} estimated "
+                 f"{words.compute_unit or 'unit'} efficiency")
+    return (f" {lead[0].upper()}{lead[1:]} read {read}: busy but waiting, "
+            f"{units.percent(wait, busy)} of their busy time is {words.collectives} kernels "
+            f"waiting for {late}.")
 
 
 def gpu_use_headline(job: JobAnalysis) -> str | None:
@@ -172,7 +181,11 @@ def _stage_table(job: JobAnalysis) -> Table | None:
         note=(f"Each stage's kernels over the whole step: utilization and {unit} efficiency are "
               f"its part of the rank's (stages overlap, so they need not add up), occupancy "
               f"its kernels' own; MFU share is its FLOPs at the peak over the step (the shares "
-              f"add up to the MFU). Small kernels: its compute kernels with fewer blocks than "
+              f"add up to the MFU). Waiting: the rank's blocking wait at matched collectives "
+              f"(no compute of its own under it) shared out by its collectives' waits in each "
+              f"stage; the stages table's \"of it waiting\" counts those collectives' whole "
+              f"wait, so the two can differ slightly. Small kernels: its compute kernels with "
+              f"fewer blocks than "
               f"the device has {unit}s (under one block per {unit}), per step, and how much of "
               f"the {unit}s their grids fill, time-weighted."))
 

@@ -26,8 +26,10 @@ def test_sst_section_names_the_busy_ranks_and_who_they_wait_for(
         analysis_of: Callable[[str], AnalysisResult]) -> None:
     html = real_report("sst").read_text("utf-8")
     text = " ".join(_section(html, "gpu-use").split())
-    assert ("Ranks 0, 1 and 3 are busy but waiting: 95% of their busy time is NCCL kernels "
-            "waiting for rank 2.") in text
+    # tb-profiler reads 95.7% utilization on each of the three and 12.8-12.9% SM efficiency
+    # (issue 46; tests/analysis/test_gpu_use.py holds recprof to it per rank): their mean.
+    assert ("Ranks 0, 1 and 3 read 95.7% utilization and 12.9% estimated SM efficiency: busy "
+            "but waiting, 95% of their busy time is NCCL kernels waiting for rank 2.") in text
     assert "MFU unknown: the trace records no shapes" in text
     verdict = " ".join(_section(html, "verdict").split())
     assert "GPU use, mean over ranks: 73.0% utilization" in verdict
