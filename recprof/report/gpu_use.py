@@ -61,13 +61,25 @@ def gpu_use_headline(job: JobAnalysis) -> str | None:
             f"efficiency {units.fraction(use.sm_efficiency)}, estimated occupancy "
             f"{units.fraction(use.achieved_occupancy)}")
     if use.mfu is not None and use.model_flops_per_step is not None:
-        text += (f"; MFU {_mfu(use.mfu)} ({units.flop(use.model_flops_per_step)} per step "
-                 f"of matrix products, attention and convolution)")
+        text += (f"; MFU {_mfu(use.mfu)} ({units.flop(use.model_flops_per_step)} per step, "
+                 f"counted over matrix products, attention and convolution)")
     else:
         text += f"; MFU {use.mfu_note or 'unknown'}"
     if use.compute_imbalance is not None:
         text += f"; compute imbalance across ranks {100 * use.compute_imbalance:.1f}%"
-    return text + "." + _waiting_words(job)
+    return text + "." + _shared_words(job, words.device) + _waiting_words(job)
+
+
+def _shared_words(job: JobAnalysis, device: str) -> str:
+    """Where ranks share one physical device, each rank's figures count its own kernels only,
+    while the device ran them all: one rank's MFU or utilization is not the device's."""
+    groups = [g.ranks for g in job.shared_devices]
+    if not groups:
+        return ""
+    who = "; ".join(_ranks(g) for g in groups)
+    return (f" {who[0].upper()}{who[1:]} share one {device}"
+            f"{' each' if len(groups) > 1 else ''}: each rank's figures count only its own "
+            f"kernels, and the {device} ran theirs together.")
 
 
 def _mfu(value: float) -> str:

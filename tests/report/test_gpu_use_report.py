@@ -61,3 +61,27 @@ def test_rocm_reads_not_in_this_trace(analysis_of: Callable[[str], AnalysisResul
 def test_cpu_run_has_no_gpu_use_section(gloo_report: Path) -> None:
     html = gloo_report.read_text("utf-8")
     assert "-gpu-use" not in html and "GPU use" not in html
+
+
+def test_h100_shared_gpu_says_each_rank_counts_its_own_kernels(
+        gpu_analysis: Callable[[str], AnalysisResult], tmp_path: Path) -> None:
+    """recprof's DLRM, two ranks on one H100 under MPS (../shared/gpu/SOURCES.md): the verdict
+    gives MFU from the shapes (24.3 GFLOP per step, the count tests/analysis checks on
+    timesliced_sync's same model) and says the two ranks share the GPU, so one rank's figures
+    are not the device's; nobody is busy but waiting (rank 0 waits 29% of its step, under half
+    of its busy time)."""
+    result = gpu_analysis("mps_sync")
+    (job,) = result.jobs
+    assert [g.ranks for g in job.shared_devices] == [[0, 1]]
+    html = write_report(result, tmp_path / "mps.html").read_text("utf-8")
+    verdict = " ".join(_section(html, "verdict").split())
+    assert "MFU 0.57% (24.3 GFLOP per step, counted over matrix products" in verdict
+    assert ("Ranks 0 and 1 share one GPU: each rank's figures count only its own kernels, and "
+            "the GPU ran theirs together.") in verdict
+    assert "busy but waiting" not in verdict
+    # MFU by hand from the job's own step and the H100 SXM5's dense FP32 peak (67 TFLOP/s).
+    assert job.sm is not None and job.sm.model_flops_per_step is not None
+    mean_step_s = sum(r.per_step.step for r in job.ranks) / len(job.ranks) * 1e-6
+    assert job.sm.mfu is not None
+    by_hand = job.sm.model_flops_per_step / (mean_step_s * 67e12)
+    assert abs(job.sm.mfu - by_hand) < 1e-3 * by_hand  # the ranks' steps differ by 0.06%
