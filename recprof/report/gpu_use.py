@@ -159,47 +159,56 @@ def _rank_table(job: JobAnalysis) -> Table:
               f"memory bandwidth. docs/analysis.md, GPU use."))
 
 
-def _stage_row(name: str, stage: GpuUseStage) -> list[Cell]:
+def _stage_row(name: str, stage: GpuUseStage, estimates: bool) -> list[Cell]:
     small = stage.small_kernel_us_per_step
     split = stage.busy_split
     return [
         Cell(name, css="name whole", sub=STAGE_MEANING.get(name)),
-        _fraction_cell(stage.gpu_utilization), _fraction_cell(stage.sm_efficiency),
-        _fraction_cell(stage.achieved_occupancy),
+        _fraction_cell(stage.gpu_utilization),
+        *([_fraction_cell(stage.sm_efficiency), _fraction_cell(stage.achieved_occupancy)]
+          if estimates else []),
         Cell(units.ms_cell(stage.compute_us_per_step), sort=stage.compute_us_per_step / 1000,
              css="num"),
         Cell(units.ms_cell(split.comm_waiting_us) if split else "–",
              sort=split.comm_waiting_us / 1000 if split else -1.0, css="num"),
         *_flops_cells(stage.model_flops_per_step, stage.mfu, ""),
-        Cell(units.ms_cell(small) if stage.small_kernel_fill is not None else "–",
-             sort=small / 1000, css="num",
-             sub=(f"fill {100 * stage.small_kernel_fill:.0f}%"
-                  if stage.small_kernel_fill is not None else None)),
+        *([Cell(units.ms_cell(small) if stage.small_kernel_fill is not None else "–",
+                sort=small / 1000, css="num",
+                sub=(f"fill {100 * stage.small_kernel_fill:.0f}%"
+                     if stage.small_kernel_fill is not None else None))] if estimates else []),
     ]
 
 
-def _stage_table(job: JobAnalysis) -> Table | None:
+def _stage_table(job: JobAnalysis, estimates: bool) -> Table | None:
+    """The stages' figures; without the launch estimates (`estimates` False: the section
+    says they are not in this trace) their three columns are left out rather than filled with
+    the same words on every row."""
     use = job.sm
     if use is None or not use.stages:
         return None
     unit = devices.of_document(job.device_kind).compute_unit or "unit"
+    columns = [Column("stage"), Column("utilization", True),
+               *([Column(f"{unit} efficiency", True), Column("occupancy", True)]
+                 if estimates else []),
+               Column("compute ms/step", True), Column("waiting ms/step", True),
+               Column("FLOP/step", True), Column("MFU share", True),
+               *([Column("small kernels ms/step", True)] if estimates else [])]
+    share = (f"utilization and {unit} efficiency are its part of the rank's (stages overlap, so "
+             f"they need not add up), occupancy its kernels' own" if estimates else
+             "utilization is its part of the rank's (stages overlap, so they need not add up)")
+    small = (f" Small kernels: its compute kernels with fewer blocks than the device has "
+             f"{unit}s (under one block per {unit}), per step, and how much of the {unit}s "
+             f"their grids fill, time-weighted." if estimates else "")
     return Table(
-        columns=[Column("stage"), Column("utilization", True), Column(f"{unit} efficiency", True),
-                 Column("occupancy", True), Column("compute ms/step", True),
-                 Column("waiting ms/step", True), Column("FLOP/step", True),
-                 Column("MFU share", True), Column("small kernels ms/step", True)],
-        rows=[_stage_row(name, st) for name, st in use.stages.items()], css="gpu-stages",
-        heading="By stage (mean over ranks)",
-        note=(f"Each stage's kernels over the whole step: utilization and {unit} efficiency are "
-              f"its part of the rank's (stages overlap, so they need not add up), occupancy "
-              f"its kernels' own; MFU share is its FLOPs at the peak over the step (the shares "
-              f"add up to the MFU). Waiting: the rank's blocking wait at matched collectives "
-              f"(no compute of its own under it) shared out by its collectives' waits in each "
-              f"stage; the stages table's \"of it waiting\" counts those collectives' whole "
-              f"wait, so the two can differ slightly. Small kernels: its compute kernels with "
-              f"fewer blocks than "
-              f"the device has {unit}s (under one block per {unit}), per step, and how much of "
-              f"the {unit}s their grids fill, time-weighted."))
+        columns=columns,
+        rows=[_stage_row(name, st, estimates) for name, st in use.stages.items()],
+        css="gpu-stages", heading="By stage (mean over ranks)",
+        note=(f"Each stage's kernels over the whole step: {share}; MFU share is its FLOPs at "
+              f"the peak over the step (the shares add up to the MFU). Waiting: the rank's "
+              f"blocking wait at matched collectives (no compute of its own under it) shared "
+              f"out by its collectives' waits in each stage; the stages table's \"of it "
+              f"waiting\" counts those collectives' whole wait, so the two can differ "
+              f"slightly.{small}"))
 
 
 def gpu_use_section(job: JobAnalysis, anchor: str, figs: dict) -> Section | None:
@@ -210,7 +219,8 @@ def gpu_use_section(job: JobAnalysis, anchor: str, figs: dict) -> Section | None
     words = devices.of_document(job.device_kind)
     blocks: list = [Paragraph((gpu_use_headline(job) or "").replace(
         f"{words.device} use, mean over ranks: ", "Mean over ranks: ", 1))]
-    if not any(r.sm is not None and r.sm.launch_args for r in job.ranks):
+    estimates = any(r.sm is not None and r.sm.launch_args for r in job.ranks)
+    if not estimates:
         blocks.append(Paragraph(
             f"This trace does not carry the kernels' launch arguments (Kineto writes blocks per "
             f"SM and the estimated occupancy for CUDA kernels only), so "
@@ -220,13 +230,14 @@ def gpu_use_section(job: JobAnalysis, anchor: str, figs: dict) -> Section | None
     if info is not None:
         figs[f"{anchor}-gpu-use-bars"] = figures.plot_gpu_use(info)
         blocks.append(Plot(f"{anchor}-gpu-use-bars", heading="What each rank's busy time served",
-                           note=(f"% of the step; the diamond is the rank's estimated "
-                                 f"{words.compute_unit or 'unit'} efficiency on the same scale. "
-                                 f"A long bar with the diamond far to its left is a "
-                                 f"{words.device} that is busy without filling its "
-                                 f"{words.compute_unit or 'unit'}s.")))
+                           note="% of the step" + (
+                               f"; the diamond is the rank's estimated "
+                               f"{words.compute_unit or 'unit'} efficiency on the same scale. "
+                               f"A long bar with the diamond far to its left: the "
+                               f"{words.device} is busy without filling its "
+                               f"{words.compute_unit or 'unit'}s." if estimates else ".")))
     blocks.append(_rank_table(job))
-    stages = _stage_table(job)
+    stages = _stage_table(job, estimates)
     if stages is not None:
         blocks.append(stages)
     return Section(f"{anchor}-gpu-use", f"{words.device} use: busy, and doing what", blocks)
