@@ -341,3 +341,46 @@ def test_busy_split_adds_up_and_names_the_waiting() -> None:
             job.skew.blocking_wait_us_per_step_by_rank[rank.rank])
         if rank.rank != 2:
             assert split.comm_waiting_us > 0.9 * rank.per_step.step
+
+
+def test_lookup_bandwidth_from_the_shapes_and_the_launched_kernels() -> None:
+    """recprof's DLRM on an H100 (`gpu/timesliced_sync`, rank 0): each `aten::embedding_bag`
+    (fp32 rows, int64 indices and offsets, one bag per offset) moves its looked-up rows, its
+    output (one row per bag) and its indices and offsets; its time is the union of the kernels
+    it launched (the CUDA runtime calls inside it, on its thread, matched to kernels by
+    correlation id). Worked out here from the JSON over the analysed steps, against the H100
+    SXM5's 3.35 TB/s (NVIDIA's datasheet)."""
+    path = SHARED / FLOP_SETS["DLRM on H100, rank 0"]
+    if not path.is_file():
+        pytest.skip(f"{path} not found (set RECPROF_SHARED)")
+    events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in spans
+             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")}
+    kernels = {e["args"]["correlation"]: (e["ts"], e["ts"] + e["dur"]) for e in spans
+               if e.get("cat") == "kernel"}
+    runtime = [e for e in spans if e.get("cat") == "cuda_runtime"]
+    analysis = analyze_rank_file(path).analysis
+    numbers = [s.number for s in analysis.steps]
+    total_bytes = kernel_us = 0.0
+    for e in spans:
+        if e.get("cat") != "cpu_op" or e["name"] != "aten::embedding_bag":
+            continue
+        if not any(steps[n][0] <= e["ts"] < steps[n][1] for n in numbers):
+            continue
+        (_, dim), (looked_up,), (bags,) = e["args"]["Input Dims"][:3]
+        assert e["args"]["Input type"][:3] == ["float", "long int", "long int"]
+        total_bytes += looked_up * dim * 4 + looked_up * 8 + bags * dim * 4 + bags * 8
+        launched = sorted(kernels[r["args"]["correlation"]] for r in runtime
+                          if r["tid"] == e["tid"] and e["ts"] <= r["ts"] <= e["ts"] + e["dur"]
+                          and r["args"].get("correlation") in kernels)
+        end = -np.inf
+        for a, b in launched:  # their union
+            kernel_us += max(b - max(a, end), 0.0)
+            end = max(end, b)
+    use = analysis.sm
+    assert use is not None and use.device_model == "H100 SXM5"
+    assert use.lookup_bytes_per_step == pytest.approx(total_bytes / len(numbers), rel=1e-9)
+    assert use.lookup_bytes_per_s == pytest.approx(total_bytes / (kernel_us * 1e-6), rel=1e-6)
+    assert use.lookup_bandwidth_share == pytest.approx(
+        total_bytes / (kernel_us * 1e-6) / 3.35e12, rel=1e-6)
