@@ -911,7 +911,8 @@ def rule_busy_but_waiting(facts: JobFacts) -> Finding | None:
     who = (f"rank {late[0]}" if len(late) == 1 else _rank_words(late) if late
            else "each other")
     sm = [r.sm_efficiency for r in waiting if r.sm_efficiency is not None]
-    sm_words = (f", estimated SM efficiency {100 * _mean(sm):.0f}%" if sm else "")
+    sm_words = (f" (estimated SM efficiency {100 * _mean(sm):.0f}%)" if sm else "")
+    each = sum(r.comm_waiting_us for r in waiting) / len(waiting)
     evidence = [
         f"{_rank_words([r.rank for r in waiting])}: " + "; ".join(
             f"rank {r.rank} {100 * (r.gpu_utilization or 0.0):.1f}% utilization"
@@ -939,8 +940,9 @@ def rule_busy_but_waiting(facts: JobFacts) -> Finding | None:
         facts, id="busy_but_waiting",
         title=f"{words.device}s busy but waiting for {who}",
         headline=(f"{_rank_words([r.rank for r in waiting])} read {100 * util:.0f}% "
-                  f"{words.device} utilization, but {100 * waited:.0f}% of that busy time is "
-                  f"{words.collectives} kernels waiting for {who}{sm_words}"),
+                  f"{words.device} utilization{sm_words}, but {100 * waited:.0f}% of that busy "
+                  f"time is {words.collectives} kernels waiting for {who}: {_ms(each)} per "
+                  f"step ({_pct(each, facts.step_us):.0f}% of the step)"),
         evidence=evidence,
         estimate=(f"if nobody waited, up to {_ms(cost)} per step (the waiting ranks' blocking "
                   f"wait, mean over the job's ranks): "
