@@ -62,3 +62,17 @@ def gbps(value: float | None) -> str:
     if value is None or not math.isfinite(value) or value <= 0:
         return "–"
     return f"{value:.3g}" if value >= 1e-3 else f"{value:.2e}"
+
+
+def flop(count: float) -> str:
+    """A FLOP count: `18.3 TFLOP`, `24.3 GFLOP`, `512 MFLOP` (three significant figures)."""
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count:,.0f} FLOP"
+
+
+def fraction(value: float | None, missing: str = "not in this trace") -> str:
+    """A fraction (0 to 1) as a percentage with one decimal, `missing` where it is unknown
+    (never 0: an absent measurement is not a zero)."""
+    return missing if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"

@@ -37,6 +37,7 @@ from recprof.analysis.frameworks import (
     H2D,
     HELD,
     HOST_WORK,
+    KERNEL_SIZE,
     LATE_RANK,
     LAUNCH,
     LOCALITY,
@@ -106,6 +107,12 @@ CPU_OVERHEAD_CAUSES = frozenset({"host_bound_launch", "host_ops", "no_op"})
 #: Idle-gap causes that mean "launched work sat held on the device by something outside the
 #: rank" (another process on the same device).
 HELD_CAUSES = frozenset({"device_held"})
+#: Kernels too small for the device: a stage with at least this share of its compute kernel
+#: time in kernels with fewer blocks than the device has SMs, recovering at least
+#: `SMALL_KERNELS_MIN_FRACTION` of the step and `SMALL_KERNELS_MIN_US` if they filled it.
+SMALL_KERNELS_SHARE = 0.5
+SMALL_KERNELS_MIN_FRACTION = 0.05
+SMALL_KERNELS_MIN_US = 200.0
 
 #: Knobs the tuner searches by default; others must be set in the base config.
 TUNER_DEFAULT_SPACE = frozenset(searched_by_default())
@@ -127,6 +134,27 @@ class RankFacts:
     exposed_h2d_us: float
     idle_us: float
     idle_by_cause_us: dict[str, float] = field(default_factory=dict)
+    #: How well its device was used (analysis/gpu_use.py; None on a CPU run): utilization and
+    #: SM efficiency (fractions), its busy time and the part of it its communication kernels
+    #: spent waiting for peers (µs per step).
+    gpu_utilization: float | None = None
+    sm_efficiency: float | None = None
+    busy_us: float = 0.0
+    comm_waiting_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class SmallKernelFacts:
+    """One stage's compute kernels with fewer blocks than the device has SMs (per step, mean
+    over ranks): their time, the share of the SMs their grids fill (time-weighted), the
+    longest of them, the stage's compute kernel time and its exposed time."""
+
+    stage: str
+    compute_us: float
+    small_us: float
+    fill: float
+    kernels: list[str]
+    exposed_us: float
 
 
 @dataclass(frozen=True)
@@ -204,6 +232,12 @@ class JobFacts:
     host_detail: dict[str, str] = field(default_factory=dict)
     #: Settings the trace shows on (frameworks.knobs_on): no finding proposes them again.
     knobs_on: list[KnobOn] = field(default_factory=list)
+    #: Ranks whose device is busy mostly waiting inside communication kernels
+    #: (gpu_use.busy_but_waiting), and the ranks they wait for ([]: each other).
+    busy_waiting_ranks: list[int] = field(default_factory=list)
+    waited_for: list[int] = field(default_factory=list)
+    #: Per stage, its compute kernels that run under one block per SM (analysis/gpu_use.py).
+    small_kernels: list[SmallKernelFacts] = field(default_factory=list)
 
     @property
     def step_us(self) -> float:
@@ -855,6 +889,116 @@ def rule_queued_idle(facts: JobFacts) -> Finding | None:
     )
 
 
+def rule_busy_but_waiting(facts: JobFacts) -> Finding | None:
+    """Devices that read busy (high utilization) while their kernels fill few SMs and their
+    busy time is mostly communication kernels waiting for a peer (gpu_use.busy_but_waiting):
+    a utilization dashboard calls them nearly fully used.
+
+    The cost is the waiting part of their busy time, as the mean over the job's ranks: the
+    same blocking wait the straggler finding (or the exposed-communication one, when nobody is
+    late alone) counts, so fixing either fixes both; this finding says what the busy figure
+    hides. Its knobs are those of the late rank's cause, or evening the ranks out when they
+    wait for each other.
+    """
+    waiting = [r for r in facts.ranks if r.rank in facts.busy_waiting_ranks]
+    if not waiting:
+        return None
+    words = device_facts(facts.device_kind)
+    cost = sum(r.comm_waiting_us for r in waiting) / max(len(facts.ranks), 1)
+    util = _mean(r.gpu_utilization or 0.0 for r in waiting)
+    waited = sum(r.comm_waiting_us for r in waiting) / max(sum(r.busy_us for r in waiting), 1e-9)
+    late = facts.waited_for
+    who = (f"rank {late[0]}" if len(late) == 1 else _rank_words(late) if late
+           else "each other")
+    sm = [r.sm_efficiency for r in waiting if r.sm_efficiency is not None]
+    sm_words = (f" (estimated SM efficiency {100 * _mean(sm):.0f}%)" if sm else "")
+    each = sum(r.comm_waiting_us for r in waiting) / len(waiting)
+    evidence = [
+        f"{_rank_words([r.rank for r in waiting])}: " + "; ".join(
+            f"rank {r.rank} {100 * (r.gpu_utilization or 0.0):.1f}% utilization"
+            + (f", {100 * r.sm_efficiency:.1f}% SM efficiency" if r.sm_efficiency is not None
+               else "")
+            + f", {_ms(r.comm_waiting_us)} of {_ms(r.busy_us)} busy per step waiting"
+            for r in waiting),
+        f"the waiting is the blocking wait at collectives matched across ranks: their "
+        f"{words.collectives} kernels run, occupying the {words.device}, until the last peer "
+        f"arrives",
+    ]
+    straggler = facts.straggler_rank is not None and late == [facts.straggler_rank]
+    if straggler:
+        evidence.append(f"rank {late[0]} is the straggler (its finding says why it is late)")
+        mechanisms = (_LATENESS_MECHANISMS.get(facts.straggler_cause_kind, LATE_RANK),)
+    elif late:
+        evidence.append(f"{who} together cause most of their blocking wait (no single "
+                        f"straggler: the cross-rank skew says why)")
+        mechanisms = (LATE_RANK,)
+    else:
+        evidence.append(f"no rank keeps them waiting more than the others: "
+                        f"{facts.straggler_rule}")
+        mechanisms = (BALANCE,)
+    return _finding(
+        facts, id="busy_but_waiting",
+        title=f"{words.device}s busy but waiting for {who}",
+        headline=(f"{_rank_words([r.rank for r in waiting])} read {100 * util:.0f}% "
+                  f"{words.device} utilization{sm_words}, but {100 * waited:.0f}% of that busy "
+                  f"time is {words.collectives} kernels waiting for {who}: {_ms(each)} per "
+                  f"step ({_pct(each, facts.step_us):.0f}% of the step)"),
+        evidence=evidence,
+        estimate=(f"if nobody waited, up to {_ms(cost)} per step (the waiting ranks' blocking "
+                  f"wait, mean over the job's ranks): "
+                  + ("the time the straggler finding counts, so fixing one fixes both"
+                     if straggler else "the exposed-communication findings count this "
+                                       "waiting among their exposed time")),
+        recoverable_us=cost, mechanisms=mechanisms,
+    )
+
+
+def rule_small_kernels(facts: JobFacts) -> Finding | None:
+    """A stage whose compute runs mostly in kernels with fewer blocks than the device has SMs
+    (Kineto's `blocks per SM` under 1): most of the device sits unused while they run.
+
+    The estimate is an upper bound: the same work spread over every SM would take the small
+    kernels' time times the share of SMs their grids fill, and only time the stage exposes
+    counts. The stage with the most to recover is named; the others are listed.
+    """
+    step = facts.step_us
+    found = []
+    for k in facts.small_kernels:
+        if k.compute_us <= 0 or k.small_us < SMALL_KERNELS_SHARE * k.compute_us:
+            continue
+        gain = min(k.small_us * (1.0 - min(k.fill, 1.0)), k.exposed_us)
+        if gain >= max(SMALL_KERNELS_MIN_US, SMALL_KERNELS_MIN_FRACTION * step):
+            found.append((gain, k))
+    if not found:
+        return None
+    found.sort(key=lambda gk: -gk[0])
+    gain, top = found[0]
+    words = device_facts(facts.device_kind)
+    unit = words.compute_unit or "compute unit"
+    others = [f"{k.stage} {_ms(g)}" for g, k in found[1:]]
+    evidence = [
+        f"{top.stage}: {_ms(top.small_us)} of its {_ms(top.compute_us)} compute kernel time "
+        f"per step runs in kernels with fewer blocks than the {words.device} has {unit}s; "
+        f"their grids fill {100 * top.fill:.0f}% of the {unit}s (time-weighted)",
+    ]
+    if top.kernels:
+        evidence.append("longest of them: " + "; ".join(k[:120] for k in top.kernels))
+    if others:
+        evidence.append("other stages with the same: " + ", ".join(others))
+    return _finding(
+        facts, id="small_kernels",
+        title=f"Kernels too small for the {words.device} in {top.stage}",
+        headline=(f"{top.stage}'s kernels fill {100 * top.fill:.0f}% of the {words.device}'s "
+                  f"{unit}s for {_ms(top.small_us)} per step "
+                  f"({_pct(top.small_us, step):.0f}% of the step)"),
+        evidence=evidence,
+        estimate=(f"the same work spread over every {unit} would take {100 * top.fill:.0f}% of "
+                  f"that time: up to {_ms(gain)} per step, counting only what the stage "
+                  f"exposes"),
+        recoverable_us=gain, mechanisms=(KERNEL_SIZE,),
+    )
+
+
 #: Every rule, in no particular order: findings are ranked by recoverable time.
 RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_exposed_embedding_comm,
@@ -871,6 +1015,8 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_host_sync,
     rule_host_work,
     rule_unrecorded_host,
+    rule_busy_but_waiting,
+    rule_small_kernels,
 )
 
 
@@ -995,10 +1141,15 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         for cause, us in r.idle_gaps.by_cause_us.items():
             group = idle_cause_group(cause)
             by_cause[group] = by_cause.get(group, 0.0) + us / n
+        split = r.sm.busy_split if r.sm is not None else None
         ranks.append(RankFacts(
             rank=r.rank, step_us=m.step, compute_us=m.compute, comm_us=m.comm,
             exposed_comm_us=m.exposed_comm, hidden_comm_us=m.hidden_comm,
             exposed_h2d_us=m.exposed_copy_h2d, idle_us=m.idle, idle_by_cause_us=by_cause,
+            gpu_utilization=r.sm.gpu_utilization if r.sm is not None else None,
+            sm_efficiency=r.sm.sm_efficiency if r.sm is not None else None,
+            busy_us=split.busy_us if split is not None else 0.0,
+            comm_waiting_us=split.comm_waiting_us if split is not None else 0.0,
         ))
     rank_steps = max(sum(max(len(r.steps), 1) for r in job.ranks), 1)
 
@@ -1065,7 +1216,23 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         host_detail=_host_detail(job),
         knobs_on=list(job.knobs_on),
         **_late_peer_facts(job),
+        **_gpu_use_facts(job),
     )
+
+
+def _gpu_use_facts(job: JobAnalysis) -> dict[str, object]:
+    """The busy-but-waiting ranks and the small kernels per stage (analysis/gpu_use.py), where
+    the job has device use."""
+    use = job.sm
+    if use is None:
+        return {}
+    small = [SmallKernelFacts(
+        stage=name, compute_us=st.compute_us_per_step, small_us=st.small_kernel_us_per_step,
+        fill=st.small_kernel_fill, kernels=list(st.small_kernels),
+        exposed_us=job.stages[name].exposed_us_per_step if name in job.stages else 0.0)
+        for name, st in use.stages.items() if st.small_kernel_fill is not None]
+    return {"busy_waiting_ranks": list(use.busy_waiting_ranks), "waited_for": use.waited_for,
+            "small_kernels": small}
 
 
 #: Names shown per cause in a finding's "what the host was in" line.

@@ -125,6 +125,7 @@ ALLOCATOR = "allocator"  # stop the caching allocator freeing and allocating aga
 SYNC = "sync"  # take the host's waits for the device out of the step
 HOST_WORK = "host_work"  # move CPU work off the thread that launches
 UNRECORDED = "unrecorded"  # find what the host did where the trace recorded nothing
+KERNEL_SIZE = "kernel_size"  # give each kernel enough blocks to fill the device
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,10 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         HOST: Remedy(("batch_size", "fuse_tables"),
                      "A larger batch_size amortises the per-step Python work; "
                      "fuse_tables=true (the default) merges per-table work into fewer ops."),
+        KERNEL_SIZE: Remedy(("fuse_tables", "batch_size"),
+                            "fuse_tables=true looks every table of one dimension up in one "
+                            "kernel instead of one per table; a larger per-rank batch_size "
+                            "gives each kernel more blocks."),
     },
     "torchrec": {
         OVERLAP: Remedy(
@@ -286,6 +291,12 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         DEVICE: _OWN_DEVICE,
         HELD: _HELD_DEVICE,
         HOST: _CPU_HOST,
+        KERNEL_SIZE: Remedy(
+            ("fused_params (one TBE per table group)", "ShardingType", "larger per-rank batch"),
+            "TorchRec looks up every table of one group (same sharding type, dimension class, "
+            "pooling and dtype) in one FBGEMM table-batched embedding (TBE) kernel: keep the "
+            "tables' fused_params alike and use fewer sharding types so they share one TBE; a "
+            "larger per-rank batch gives each kernel more blocks."),
     },
     "ddp": {
         OVERLAP: Remedy(("all_to_all_single async_op",),
@@ -315,6 +326,13 @@ REMEDIES: dict[str, dict[str, Remedy]] = {
         DEVICE: _OWN_DEVICE,
         HELD: _HELD_DEVICE,
         HOST: _CPU_HOST,
+        KERNEL_SIZE: Remedy(
+            ("one fused embedding lookup (FBGEMM TBE)", "larger per-rank batch",
+             "torch.compile"),
+            "Look all tables up in one kernel (FBGEMM's table-batched embedding, or one "
+            "EmbeddingBag over the concatenated tables with per-table offsets) instead of one "
+            "small kernel per table; a larger per-rank batch gives each kernel more blocks; "
+            "torch.compile fuses chains of small elementwise kernels."),
     },
 }
 #: Frameworks without their own table (FSDP, Megatron, unknown) get general PyTorch advice.

@@ -187,6 +187,118 @@ class OutlierStep:
 
 
 @dataclass
+class BusySplit:
+    """What a device's busy time served, per step (µs): compute kernels, communication kernels
+    moving data and waiting for their peers (the blocking wait measured at matched collectives,
+    analysis/skew.py), copies, and other work (memsets), each where nothing earlier in that
+    list runs (the breakdown's precedence). They add up to the busy time: step minus idle."""
+
+    compute_us: float = 0.0
+    comm_moving_us: float = 0.0
+    comm_waiting_us: float = 0.0
+    copy_us: float = 0.0
+    other_us: float = 0.0
+
+    @property
+    def busy_us(self) -> float:
+        return (self.compute_us + self.comm_moving_us + self.comm_waiting_us + self.copy_us
+                + self.other_us)
+
+
+@dataclass
+class GpuUseStep:
+    """How well one step used the device (analysis/gpu_use.py; fractions 0 to 1, None where the
+    trace does not say)."""
+
+    number: int | None
+    gpu_utilization: float | None
+    sm_efficiency: float | None
+    achieved_occupancy: float | None
+    model_flops: float | None
+    mfu: float | None
+
+
+@dataclass
+class GpuUseStage:
+    """The same for one stage's work, over the step (analysis/gpu_use.py): its kernels' share of
+    the step, its part of the SM efficiency and of the MFU, its kernels' occupancy, and how
+    much of its compute runs in kernels with fewer blocks than the device has SMs."""
+
+    gpu_utilization: float | None = None
+    sm_efficiency: float | None = None
+    achieved_occupancy: float | None = None
+    busy_split: BusySplit | None = None
+    model_flops_per_step: float | None = None
+    mfu: float | None = None
+    compute_us_per_step: float = 0.0
+    #: Its compute kernels with fewer blocks than SMs (blocks per SM < 1), per step (a union),
+    #: the share of the SMs their grids fill (time-weighted), and the longest of them.
+    small_kernel_us_per_step: float = 0.0
+    small_kernel_fill: float | None = None
+    small_kernels: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GpuUse:
+    """How well a rank used its device while it was busy, over its analysed steps
+    (analysis/gpu_use.py; docs/analysis.md, GPU use, with tb-profiler's definitions beside).
+
+    Fractions from 0 to 1: `gpu_utilization` (the time any kernel runs over the step),
+    `sm_efficiency` (each kernel's blocks per SM, concurrent kernels summed, capped at 1,
+    weighted by time over the step) and `achieved_occupancy` (Kineto's per-kernel estimate
+    weighted by kernel time), None where the trace does not carry the kernels' launch
+    arguments (`launch_args`). `model_flops_per_step` counts executed FLOPs of the matmul
+    family, attention and convolution from the recorded shapes; `mfu` holds them to the
+    device's dense peak for their precision (trace/peaks.py); where either is unknown the
+    note says why. `busy_split` is filled when the job is assembled (its waiting part comes
+    from the cross-rank matching)."""
+
+    gpu_utilization: float
+    sm_efficiency: float | None
+    achieved_occupancy: float | None
+    launch_args: bool
+    busy_split: BusySplit | None = None
+    model_flops_per_step: float | None = None
+    flops_note: str = ""
+    mfu: float | None = None
+    mfu_note: str = ""
+    device_model: str | None = None
+    #: The embedding lookups' achieved bytes per second (bytes their shapes say they move over
+    #: the time of the kernels they launched) and its share of the device's memory bandwidth.
+    lookup_bytes_per_step: float | None = None
+    lookup_bytes_per_s: float | None = None
+    lookup_bandwidth_share: float | None = None
+    steps: list[GpuUseStep] = field(default_factory=list)
+    stages: dict[str, GpuUseStage] = field(default_factory=dict)
+
+
+@dataclass
+class JobGpuUse:
+    """The job's device use, mean over its ranks (those that have one), with the imbalance of
+    their compute (TurboGR's: (max - mean) / mean of each rank's compute per step) and the ranks
+    whose device is busy mostly waiting for peers inside communication kernels."""
+
+    gpu_utilization: float
+    sm_efficiency: float | None
+    achieved_occupancy: float | None
+    busy_split: BusySplit
+    model_flops_per_step: float | None
+    mfu: float | None
+    compute_imbalance: float | None
+    #: The ranks whose device is busy mostly waiting (gpu_use.busy_but_waiting), other than
+    #: the ones waited for.
+    busy_waiting_ranks: list[int] = field(default_factory=list)
+    #: The ranks they wait for: the straggler, else the fewest ranks whose lateness causes
+    #: `gpu_use.WAITED_FOR_SHARE` of their blocking wait ([] where nobody waits, or where that
+    #: takes every rank: they wait for each other).
+    waited_for: list[int] = field(default_factory=list)
+    flops_note: str = ""
+    mfu_note: str = ""
+    lookup_bandwidth_share: float | None = None
+    stages: dict[str, GpuUseStage] = field(default_factory=dict)
+
+
+@dataclass
 class RankAnalysis:
     rank: int
     file: str
@@ -214,6 +326,9 @@ class RankAnalysis:
     outlier_steps: list[OutlierStep] = field(default_factory=list)
     #: Set when the rank's steps have no typical pace (outliers.py): why none was left out.
     steps_vary: str | None = None
+    #: How well its device was used while busy (None on a CPU run, and in documents made
+    #: before it).
+    sm: GpuUse | None = None
 
 
 @dataclass
@@ -636,6 +751,8 @@ class JobAnalysis:
     #: The job's mean per step over every analysed step, outliers included (None when there
     #: are none: it equals `per_step`).
     per_step_all: StepMetrics | None = None
+    #: How well the job's devices were used (None on a CPU run, and in older documents).
+    sm: JobGpuUse | None = None
 
     @property
     def world(self) -> int:

@@ -29,6 +29,7 @@ from recprof.analysis.collectives import (
 from recprof.analysis.device_work import DeviceSamples, job_device_prices, rank_device_work
 from recprof.analysis.executors import Executor, WorkerLost, default_executor
 from recprof.analysis.frameworks import detect, knobs_on
+from recprof.analysis.gpu_use import rank_gpu_use
 from recprof.analysis.host_activity import HostActivity, thread_time
 from recprof.analysis.idle import DEVICE_HELD, idle_gaps
 from recprof.analysis.issue_order import RankIssues, job_issue_order, rank_issues
@@ -169,6 +170,7 @@ def analyze_rank_file(path: Path, steps: frozenset[int] | None = None,
                                      gaps, (host_time, other_time), launchers, typical)
                        for i in sorted(out)],
         steps_vary=vary,
+        sm=rank_gpu_use(trace, typical, attribution, metrics),
     )
     _shift_to_absolute(analysis, trace.header.origin_us)
     return RankOutcome(trace.header, analysis,

@@ -157,6 +157,23 @@ def attribute(trace: RankTrace) -> Attribution:
     return Attribution(stage.astype(np.int16), purpose.astype(np.int16), inferred)
 
 
+def host_stage(trace: RankTrace, times: np.ndarray, on_main: np.ndarray) -> np.ndarray:
+    """The stage of host work done at `times` (on the main thread where `on_main`, else on
+    another): the innermost stage label open then on a thread of that kind, else "other"
+    (the FLOPs of an op: analysis/gpu_use.py)."""
+    stage = np.full(len(times), _OTHER, dtype=np.int16)
+    labels = trace.labels
+    if labels is None or not len(labels) or not len(times):
+        return stage
+    for main in (True, False):
+        sel = np.flatnonzero(on_main == main)
+        rows = np.flatnonzero(labels.main_thread == main)
+        if sel.size and rows.size:
+            found, _ = _innermost(labels, rows, times[sel])
+            stage[sel] = np.where(found >= 0, found, _OTHER)
+    return stage
+
+
 def _inside(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Which times fall inside one of the spans (their union: spans may nest)."""
     union = IntervalSet.of(starts, ends)

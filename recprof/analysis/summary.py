@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from recprof.analysis.breakdown import mean_metrics, sum_metrics
 from recprof.analysis.diagnosis import diagnose, verdict
+from recprof.analysis.gpu_use import job_gpu_use
 from recprof.analysis.model import (
     CollectiveStats,
     JobAnalysis,
@@ -38,6 +39,7 @@ def summarize_job(job: JobAnalysis) -> JobAnalysis:
     job.stages = _mean_stages(job.ranks)
     job.outlier_steps = job_outliers(job.ranks, of_document(job.device_kind).device)
     job.per_step_all = _mean_over_every_step(job.ranks) if job.outlier_steps else None
+    job.sm = job_gpu_use(job)
     job.findings = diagnose(job)
     job.verdict = verdict(job, job.findings)
     return job

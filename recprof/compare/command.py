@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from recprof.compare.gate import parse_pct
+from recprof.compare.gate import parse_pct, parse_points
 from recprof.compare.loading import Run, load_run, run_arguments
 from recprof.compare.model import compare_runs
 from recprof.compare.view import print_comparison, write_html
@@ -55,6 +55,12 @@ def compare(
         help="Regression gate: exit 1 when the last run's steps are slower than the first's "
              "by more than PCT (like 5%) with statistical confidence (one-sided Mann-Whitney "
              "U over the per-step times, p < 0.05).")] = None,
+    fail_if_less_efficient: Annotated[str | None, typer.Option(
+        "--fail-if-less-efficient", metavar="PP",
+        help="GPU-use gate: exit 1 when the last run's per-step MFU (where both runs know it, "
+             "else the estimated SM efficiency) is lower than the first's by more than PP "
+             "percentage points (like 2pp), with statistical confidence (one-sided "
+             "Mann-Whitney U over the per-step values, p < 0.05).")] = None,
     samples_per_step: Annotated[float | None, typer.Option(
         "--samples-per-step", min=1.0,
         help="Global samples per step of every run, for throughput and scaling (instead of "
@@ -74,12 +80,16 @@ def compare(
 
       recprof compare baseline/analysis.json candidate/ --fail-if-slower 5%   # in CI
 
-    Exit status: 0, or 1 when the gate fails, or 2 when a run cannot be read.
+      recprof compare baseline/ candidate/ --fail-if-less-efficient 2pp   # MFU or SM eff.
+
+    Exit status: 0, or 1 when a gate fails, or 2 when a run cannot be read.
     """
     grouped = run_arguments(runs)
     if len(grouped) < 2:
         raise RecprofError("give at least two runs to compare (the first is the baseline)")
     threshold = parse_pct(fail_if_slower) if fail_if_slower is not None else None
+    points = (parse_points(fail_if_less_efficient) if fail_if_less_efficient is not None
+              else None)
     names = _labels(grouped, labels)
     err = Console(stderr=True)
     loaded = []
@@ -88,17 +98,18 @@ def compare(
                   soft_wrap=True)
         loaded.append(load_run(paths, name, samples_per_step))
     _unique(loaded)
-    comparison = compare_runs(loaded, threshold)
+    comparison = compare_runs(loaded, threshold, points)
     # The files first: a reader that stops reading early (`| head`) must not cost them, and
-    # the gate's status stands whatever happens to standard output.
+    # the gates' status stands whatever happens to standard output.
     if json_out is not None:
         _write(json_out, comparison.to_json())
         err.print(f"JSON written to {escape(str(json_out))}", highlight=False, soft_wrap=True)
     if output is not None:
         write_html(comparison, output, cdn=cdn)
         err.print(f"comparison written to {escape(str(output))}", highlight=False, soft_wrap=True)
-    failed = comparison.gate is not None and comparison.gate.failed
-    with contextlib.suppress(ReaderGone):  # the files are written, the gate has decided
+    failed = any(g is not None and g.failed
+                 for g in (comparison.gate, comparison.efficiency_gate))
+    with contextlib.suppress(ReaderGone):  # the files are written, the gates have decided
         print_comparison(Console(), comparison)
     raise typer.Exit(ExitCode.NOT_MET if failed else ExitCode.OK)
 

@@ -1,7 +1,8 @@
 """Is one set of measurements larger than another, with confidence? The one home of that
 question: `recprof compare`'s regression gate (is the last run slower than the first by more
 than PCT?) and `recprof tune`'s confirmation (is a config faster than the baseline, and by how
-much?) both ask it here, with the same test at the same level.
+much?) both ask it here, with the same test at the same level; so does compare's GPU-use gate
+(`efficiency_gate`: is the last run's MFU or SM efficiency lower by more than PP points?).
 
 Step times are not normal (a slow step now and then, a long right tail) and consecutive steps
 are not independent, so the gate uses the one-sided Mann-Whitney U (Wilcoxon rank-sum) test,
@@ -168,3 +169,69 @@ def _first(n: int, holds: Callable[[int], bool]) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+@dataclass
+class EfficiencyGate:
+    """The GPU-use gate's inputs and outcome: is the last run's per-step efficiency (MFU where
+    every run knows it, else the estimated SM efficiency) lower than the first's by more than
+    `threshold_pp` percentage points, with confidence? Values are fractions (0 to 1)."""
+
+    threshold_pp: float
+    figure: str  # "MFU" or "SM efficiency"; "" when neither is known for both runs
+    test: str
+    n_first: int
+    n_last: int
+    median_first: float | None
+    median_last: float | None
+    drop_pp: float | None  # median first minus median last, in percentage points
+    p_value: float | None
+    alpha: float
+    failed: bool
+    text: str
+
+
+def parse_points(text: str) -> float:
+    """`2`, `2pp` or `2%` → 2.0 percentage points; `RecprofError` otherwise."""
+    raw = text.strip().lower().removesuffix("pp").removesuffix("%").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise RecprofError(f"--fail-if-less-efficient: {text!r} is not a number of percentage "
+                           "points (like 2pp)") from None
+    if not math.isfinite(value) or value < 0 or value > 100:
+        raise RecprofError(f"--fail-if-less-efficient: {text!r} must be between 0 and 100 "
+                           "percentage points")
+    return value
+
+
+def efficiency_gate(first: list[float], last: list[float], threshold_pp: float, figure: str,
+                    first_label: str, last_label: str) -> EfficiencyGate:
+    """Test whether the `last` run's per-step values are lower than `first`'s minus the
+    threshold (one-sided Mann-Whitney U, as the step-time gate); `figure` "" when the runs do
+    not both carry one (the gate then passes and says why)."""
+    if not figure or not first or not last:
+        return EfficiencyGate(threshold_pp, figure, TEST, len(first), len(last), None, None,
+                              None, None, ALPHA, False,
+                              f"not gated: {first_label} and {last_label} do not both carry "
+                              "a per-step MFU or estimated SM efficiency (the traces lack "
+                              "shapes, a known device or the kernels' launch arguments)")
+    shift = threshold_pp / 100.0
+    med_a, med_b = statistics.median(first), statistics.median(last)
+    drop = 100.0 * (med_a - med_b)
+    p = p_larger([v - shift for v in first], last)
+    failed = p < ALPHA
+    counts = f"n = {len(first)} and {len(last)} steps"
+    change = f"median {figure} {100 * med_a:.3g}% → {100 * med_b:.3g}%"
+    if failed:
+        text = (f"FAIL: {last_label}'s {figure} is lower than {first_label}'s by more than "
+                f"{threshold_pp:g} points ({change}; {TEST} over the per-step values, "
+                f"{counts}, p = {p:.2g} < {ALPHA})")
+    else:
+        reason = (f"p = {p:.2g} ≥ {ALPHA}" if can_reject(len(first), len(last))
+                  else f"p = {p:.2g}; too few steps to reach p < {ALPHA} at all")
+        text = (f"pass: {last_label}'s {figure} is not lower than {first_label}'s by more than "
+                f"{threshold_pp:g} points with confidence ({change}; {TEST} over the per-step "
+                f"values, {counts}, {reason})")
+    return EfficiencyGate(threshold_pp, figure, TEST, len(first), len(last), med_a, med_b, drop,
+                          p, ALPHA, failed, text)

@@ -37,8 +37,10 @@ from recprof.analysis.model import CollectiveStats, StepMetrics
 from recprof.compare.gate import (
     ALPHA,
     TEST,
+    EfficiencyGate,
     GateResult,
     can_reject,
+    efficiency_gate,
     p_larger,
     ratio_interval,
     regression_gate,
@@ -52,6 +54,20 @@ from recprof.version import __version__
 SCHEMA = "recprof.compare/1"
 LOGS_SOURCE = "capture step logs (unprofiled steps)"
 TRACES_SOURCE = "traces (profiled steps)"
+
+
+@dataclass
+class GpuUseRun:
+    """A run's device use, mean over its ranks (the analysis' `JobAnalysis.sm`; fractions,
+    None where its traces do not say): what `recprof compare` sets side by side and gates."""
+
+    gpu_utilization: float
+    sm_efficiency: float | None
+    achieved_occupancy: float | None
+    model_flops_per_step: float | None
+    mfu: float | None
+    compute_imbalance: float | None
+    busy_waiting_ranks: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -79,6 +95,8 @@ class RunSummary:
     #: The built-in trainer's knobs that differ from the synchronous baseline.
     knobs: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""
+    #: Its device use (None on a CPU run, or from an analysis made before it).
+    gpu_use: GpuUseRun | None = None
     #: What recording cost the profiled window, capture's measure: its steps' median over the
     #: unprofiled steps' median, minus 1 (+0.32: recorded steps ran 32% slower). None where
     #: the run has no capture step logs (traces or an analysis document alone).
@@ -177,6 +195,8 @@ class Comparison:
     gate: GateResult | None = None
     warnings: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    #: The GPU-use gate (`--fail-if-less-efficient`), null unless asked for.
+    efficiency_gate: EfficiencyGate | None = None
     recprof_version: str = __version__
 
     def to_json(self) -> bytes:
@@ -186,8 +206,10 @@ class Comparison:
 # --- building ----------------------------------------------------------------------------------
 
 
-def compare_runs(runs: list[Run], fail_if_slower_pct: float | None = None) -> Comparison:
-    """Line the runs up against the first; run the gate on the last when a threshold is given."""
+def compare_runs(runs: list[Run], fail_if_slower_pct: float | None = None,
+                 fail_if_less_efficient_pp: float | None = None) -> Comparison:
+    """Line the runs up against the first; run the gates on the last when a threshold is
+    given."""
     source = LOGS_SOURCE if all(r.logged_steps_us for r in runs) else TRACES_SOURCE
     series = [_series(r, source) for r in runs]
     summaries = [_summary(r, s, source) for r, s in zip(runs, series, strict=True)]
@@ -215,7 +237,53 @@ def compare_runs(runs: list[Run], fail_if_slower_pct: float | None = None) -> Co
     if fail_if_slower_pct is not None:
         comparison.gate = regression_gate(series[0], series[-1], fail_if_slower_pct, source,
                                           runs[0].label, runs[-1].label)
+    if fail_if_less_efficient_pp is not None:
+        figure = _gated_figure([runs[0], runs[-1]])
+        comparison.efficiency_gate = efficiency_gate(
+            _efficiency_series(runs[0], figure), _efficiency_series(runs[-1], figure),
+            fail_if_less_efficient_pp, figure, runs[0].label, runs[-1].label)
     return comparison
+
+
+#: The per-step figure the GPU-use gate tests, the first both runs carry: (name, the
+#: `GpuUseStep` field).
+GATED_FIGURES = (("MFU", "mfu"), ("SM efficiency", "sm_efficiency"))
+
+
+def _gated_figure(runs: list[Run]) -> str:
+    """MFU where every step of both runs has one, else the estimated SM efficiency; "" when
+    neither."""
+    for name, _ in GATED_FIGURES:
+        if all(_efficiency_series(r, name) for r in runs):
+            return name
+    return ""
+
+
+def _efficiency_series(run: Run, figure: str) -> list[float]:
+    """The run's per-step value of `figure` (the mean over its ranks of each step's value);
+    [] where a rank's step lacks it."""
+    field_name = dict(GATED_FIGURES).get(figure)
+    if field_name is None:
+        return []
+    by_step: dict[int | None, list[float]] = {}
+    for rank in run.job.ranks:
+        if rank.sm is None:
+            return []
+        for step in rank.sm.steps:
+            value = getattr(step, field_name)
+            if value is None:
+                return []
+            by_step.setdefault(step.number, []).append(value)
+    return [sum(v) / len(v) for _, v in sorted(by_step.items(), key=lambda kv: kv[0] or 0)]
+
+
+def _gpu_use(run: Run) -> GpuUseRun | None:
+    use = run.job.sm
+    if use is None:
+        return None
+    return GpuUseRun(use.gpu_utilization, use.sm_efficiency, use.achieved_occupancy,
+                     use.model_flops_per_step, use.mfu, use.compute_imbalance,
+                     list(use.busy_waiting_ranks))
 
 
 def _series(run: Run, source: str) -> list[float]:
@@ -268,7 +336,7 @@ def _summary(run: Run, series: list[float], source: str) -> RunSummary:
         samples_per_step=run.samples_per_step,
         samples_source=run.samples_source, throughput=throughput, scaling_factor=None,
         efficiency=None, per_step=job.per_step, knobs=knobs, verdict=job.verdict,
-        profiler_cost=run.profiler_cost)
+        gpu_use=_gpu_use(run), profiler_cost=run.profiler_cost)
 
 
 def _scaling(runs: list[Run], summaries: list[RunSummary]) -> Scaling:

@@ -163,6 +163,39 @@ def _bars(c: Comparison) -> Figure:
         yaxis={"autorange": "reversed", "automargin": True})}
 
 
+def _gpu_use_table(c: Comparison) -> Table | None:
+    """Each run's device use (mean over its ranks), where any run has one."""
+    if not any(r.gpu_use is not None for r in c.runs):
+        return None
+    cols = [Column("run"), Column("utilization", True), Column("SM efficiency", True),
+            Column("occupancy", True), Column("FLOP/step", True), Column("MFU", True),
+            Column("compute imbalance", True), Column("busy but waiting")]
+    rows = []
+    for r in c.runs:
+        g = r.gpu_use
+        if g is None:
+            rows.append([Cell(r.label), *[Cell("–", sort=-1.0, css="num")] * 6, Cell("–")])
+            continue
+        rows.append([
+            Cell(r.label), _share_cell(g.gpu_utilization), _share_cell(g.sm_efficiency),
+            _share_cell(g.achieved_occupancy),
+            Cell(units.flop(g.model_flops_per_step) if g.model_flops_per_step is not None
+                 else "unknown", sort=g.model_flops_per_step or -1.0, css="num"),
+            Cell(f"{100 * g.mfu:.2g}%" if g.mfu is not None else "unknown",
+                 sort=g.mfu if g.mfu is not None else -1.0, css="num"),
+            _share_cell(g.compute_imbalance, "–"),
+            Cell(", ".join(f"rank {k}" for k in g.busy_waiting_ranks) or "none")])
+    return Table(cols, rows, css="compare-gpu-use",
+                 note="Mean over each run's ranks, over its analysed steps (the bottleneck "
+                      "report's GPU use section; docs/analysis.md, GPU use). Compute imbalance: "
+                      "(max - mean) / mean of the ranks' compute per step.")
+
+
+def _share_cell(value: float | None, missing: str = "not in trace") -> Cell:
+    return Cell(units.fraction(value, missing), sort=value if value is not None else -1.0,
+                css="num")
+
+
 def _findings_bullets(c: Comparison) -> Bullets:
     items = []
     for ch in c.findings:
@@ -183,6 +216,8 @@ def compare_part(c: Comparison) -> Part:
     sections = [Section("compare-summary", "Runs", summary),
                 Section("compare-breakdown", "Where each run's step goes",
                         [Plot("compare-bars")]),
+                *([Section("compare-gpu-use", "GPU use", [gpu])]
+                  if (gpu := _gpu_use_table(c)) is not None else []),
                 Section("compare-stages", "Stages", [_stage_table(c)]),
                 Section("compare-collectives", "Collectives by purpose",
                         [_collective_table(c)]),
@@ -194,6 +229,10 @@ def compare_part(c: Comparison) -> Part:
         css = "verdict" + (" ok" if not c.gate.failed else "")
         sections.append(Section("compare-gate", "Regression gate",
                                 [Paragraph(c.gate.text, css=css)]))
+    if c.efficiency_gate is not None:
+        css = "verdict" + (" ok" if not c.efficiency_gate.failed else "")
+        sections.append(Section("compare-efficiency-gate", "GPU-use gate",
+                                [Paragraph(c.efficiency_gate.text, css=css)]))
     return Part(None, sections, {"compare-bars": _bars(c)})
 
 
@@ -240,10 +279,33 @@ def print_comparison(console: Console, c: Comparison) -> None:
                       highlight=False, markup=False)
     for w in c.warnings:
         console.print(f"warning: {w}", style="yellow", highlight=False, markup=False)
+    if any(r.gpu_use is not None for r in c.runs):
+        print_table(console, _gpu_use_terminal(c),
+                    "mean over ranks; util: kernels running, SM eff: estimated (blocks per SM, "
+                    "capped), MFU: model FLOPs at the device's peak")
     console.print(c.verdict, style="bold", highlight=False, markup=False)
     if c.gate is not None:
         console.print(c.gate.text, style="red" if c.gate.failed else "green", highlight=False,
                       markup=False)
+    if c.efficiency_gate is not None:
+        console.print(c.efficiency_gate.text, style="red" if c.efficiency_gate.failed
+                      else "green", highlight=False, markup=False)
+
+
+def _gpu_use_terminal(c: Comparison) -> RichTable:
+    out = table(["run", "util", "SM eff", "occupancy", "MFU", "imbalance"], left=["run"],
+                flexible="run")
+    for r in c.runs:
+        g = r.gpu_use
+        if g is None:
+            out.add_row(r.label, "–", "–", "–", "–", "–")
+            continue
+        out.add_row(r.label, units.fraction(g.gpu_utilization, "–"),
+                    units.fraction(g.sm_efficiency, "n/a"),
+                    units.fraction(g.achieved_occupancy, "n/a"),
+                    f"{100 * g.mfu:.2g}%" if g.mfu is not None else "unknown",
+                    units.fraction(g.compute_imbalance, "–"))
+    return out
 
 
 def _terminal_runs(c: Comparison) -> list[int]:

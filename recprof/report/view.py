@@ -19,6 +19,7 @@ from recprof.analysis.frameworks import framework_line, knobs_on_line
 from recprof.analysis.model import CollectiveStats, JobAnalysis, StageTime, StepMetrics
 from recprof.analysis.stages import waiting_note
 from recprof.report import figures
+from recprof.report.gpu_use import gpu_use_headline, gpu_use_section
 from recprof.report.sections import (
     Bullets,
     Cell,
@@ -93,6 +94,9 @@ def _verdict(job: JobAnalysis, anchor: str) -> Section:
                               css="shape")]
     if job.knobs_on:
         blocks.append(Paragraph(knobs_on_line(job.knobs_on), css="shape"))
+    headline = gpu_use_headline(job)
+    if headline:
+        blocks.append(Paragraph(headline, css="shape gpu-use"))
     if job.outlier_steps:
         blocks.append(Bullets(
             [f"{o.text[0].upper()}{o.text[1:]}." for o in job.outlier_steps],
@@ -464,6 +468,7 @@ def job_part(job: JobAnalysis, index: int, titled: bool) -> Part:
     sections = [
         _verdict(job, anchor),
         _breakdown(job, anchor, figs),
+        *filter(None, [gpu_use_section(job, anchor, figs)]),
         _stages(job, anchor),
         _timeline(job, anchor, figs),
         _collectives(job, anchor, figs),

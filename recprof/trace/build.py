@@ -28,13 +28,23 @@ from recprof.trace.model import (
     HostSpans,
     LabelSpans,
     RankTrace,
+    ShapedWork,
     Step,
     StreamWaits,
     ThreadSpans,
     TraceHeader,
 )
+from recprof.trace.peaks import model_of
 from recprof.trace.reader import CheckedEvent, RawTrace, TraceEvent, TraceFileError
-from recprof.trace.shapes import ELEMENTWISE, op_bytes
+from recprof.trace.shapes import (
+    ELEMENTWISE,
+    FLOP_OPS,
+    PRECISIONS,
+    ShapedOp,
+    count_flops,
+    lookup_bytes,
+    op_bytes,
+)
 from recprof.trace.vocabulary import (
     COLLECTIVE_KINDS,
     PURPOSES,
@@ -89,9 +99,10 @@ _HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
 _DeviceEvent = tuple[float, float, str, str, Any, Any, dict[str, Any]]
 # start, end, class, lane, name, launch, collective kind, group, bytes, bytes sent per peer,
 # launched from the main thread, floating-point payload (1, 0, -1 unknown), launch call's end,
-# launching thread (index into the threads, -1 unknown)
+# launching thread (index into the threads, -1 unknown), a kernel's blocks per SM and estimated
+# achieved occupancy % (NaN unknown)
 _Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool,
-             int, float, int]
+             int, float, int, float, float]
 _STAGE_INDEX = {stage: i for i, stage in enumerate(STAGES)}
 _PURPOSE_INDEX = {purpose: i for i, purpose in enumerate(PURPOSES)}
 
@@ -335,13 +346,15 @@ def _build(raw: RawTrace) -> RankTrace:
     stream_waits: list[tuple[float, Any, dict[str, Any]]] = []  # ts, device pid, args
     event_records: list[int] = []  # correlation ids of the runtime calls that record events
     runtime: list[tuple[float, float, str, Any, Any]] = []  # start, end, name, pid, tid
-    # Elementwise ops, their arguments still undecoded: read only if the device queues work.
-    elementwise: list[tuple[str, CheckedEvent | TraceEvent]] = []
+    # Ops whose shapes are read (elementwise, FLOP and lookup ops: `_SHAPED`), their arguments
+    # still undecoded: read only if the device queues work.
+    shaped: list[tuple[str, str, CheckedEvent | TraceEvent, float, float, Any, Any]] = []
     kernel_ids: list[tuple[Any, float]] = []  # each kernel's External id and duration
     has_gpu = has_mtia = False
     first_ts = float("inf")
     categories: dict[str, tuple[str, str | None]] = {}  # as found -> lower case, role
-    host_names: dict[str, tuple[str, str]] = {}  # name -> the one copy kept, `_host_role`
+    # name -> the one copy kept, `_host_role`, which shapes of it are read (`_shaped_kind`)
+    host_names: dict[str, tuple[str, str, str | None]] = {}
     ids: dict[int | str, int | str] = {}  # checked ids only (1.0 and True would alias 1)
 
     for ev in raw.consume():
@@ -367,12 +380,12 @@ def _build(raw: RawTrace) -> RankTrace:
         if cat_role is _HOST:
             seen = host_names.get(name)
             if seen is None:  # one string kept per distinct name, not one per event
-                seen = host_names[name] = (name, _host_role(name))
-            name, role = seen
+                seen = host_names[name] = (name, _host_role(name), _shaped_kind(name))
+            name, role, shape = seen
             if role is _OP:
                 host_ops.append((ts, end, name, pid, tid, _UNREAD, cat))
-                if name in ELEMENTWISE:
-                    elementwise.append((name, ev))
+                if shape is not None:
+                    shaped.append((shape, name, ev, ts, end, pid, tid))
             elif role is _STEP_OP:
                 number = _step_number(name)
                 if number is None:
@@ -462,6 +475,7 @@ def _build(raw: RawTrace) -> RankTrace:
     if not len(rows.start):
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
     header.devices = sorted({ev[4] for ev in device_events if type(ev[4]) is int})
+    header.device_model = _device_model(raw, header.devices)
     host_fields = host.trace_fields(names)
     device = device_facts(device_kind)
     for name, count in Counter(c[2] for c in runtime).items():
@@ -469,6 +483,7 @@ def _build(raw: RawTrace) -> RankTrace:
             marks = host_fields["framework_marks"]
             marks[SETTING_MARK + setting] = marks.get(SETTING_MARK + setting, 0) + count
 
+    shapes = _Shapes.read(raw, shaped, kernel_ids, threads) if device.queues_work else None
     return RankTrace(
         header=header,
         lanes=lanes.values,
@@ -482,9 +497,82 @@ def _build(raw: RawTrace) -> RankTrace:
         threads=threads.values,
         main_thread=threads.main,
         host_calls=host_calls(runtime, device_kind, names, threads),
-        elementwise=(_elementwise_kernels(raw, elementwise, kernel_ids) if device.queues_work
-                     else np.zeros((0, 2))),
+        **(shapes.trace_fields() if shapes is not None else {}),
     )
+
+
+#: Which shapes of an op are read: its bytes (elementwise), its FLOPs, a lookup's bytes.
+_ELEMENTWISE, _FLOPS, _LOOKUP = "elementwise", "flops", "lookup"
+
+
+def _shaped_kind(name: str) -> str | None:
+    """Which of `_ELEMENTWISE`, `_FLOPS`, `_LOOKUP` an op is, if any (asked once per name)."""
+    if name in ELEMENTWISE:
+        return _ELEMENTWISE
+    if name in FLOP_OPS:
+        return _FLOPS
+    return _LOOKUP if is_lookup_op(name) else None
+
+
+@dataclass
+class _Shapes:
+    """What the recorded shapes of a device's ops say (trace/shapes.py), decoded only for a
+    device that queues work and only for the ops whose shapes are read."""
+
+    recorded: bool
+    elementwise: np.ndarray
+    flops: ShapedWork
+    lookups: ShapedWork
+
+    @classmethod
+    def read(cls, raw: RawTrace,
+             ops: list[tuple[str, str, CheckedEvent | TraceEvent, float, float, Any, Any]],
+             kernel_ids: list[tuple[Any, float]], threads: _Threads) -> _Shapes:
+        """Decode the arguments of `ops` (kind, name, event, start, end, pid, tid): an op whose
+        arguments cannot be decoded is left out (these figures are optional, the file is not
+        at fault)."""
+        decoded: dict[str, list[ShapedOp]] = {_ELEMENTWISE: [], _FLOPS: [], _LOOKUP: []}
+        recorded = False
+        for kind, name, ev, start, end, pid, tid in ops:
+            try:
+                args = sanitize.event_args(raw.args(ev))
+            except TraceFileError:
+                continue
+            recorded = recorded or "Input Dims" in args
+            decoded[kind].append((name, start, end, threads.of(pid, tid), args))
+        flops = [(start, end, thread, amount, PRECISIONS.index(p) if p in PRECISIONS else -1,
+                  conv) for start, end, thread, (amount, p, conv) in count_flops(decoded[_FLOPS])]
+        lookups = [(start, end, thread, nbytes, -1, False)
+                   for name, start, end, thread, args in _outermost(decoded[_LOOKUP])
+                   if (nbytes := lookup_bytes(name, args)) is not None]
+        return cls(recorded, _elementwise_kernels(decoded[_ELEMENTWISE], kernel_ids),
+                   ShapedWork.of(flops), ShapedWork.of(lookups))
+
+    def trace_fields(self) -> dict[str, Any]:
+        return {"elementwise": self.elementwise, "shapes_recorded": self.recorded,
+                "flop_ops": self.flops, "lookup_ops": self.lookups}
+
+
+def _outermost(ops: list[ShapedOp]) -> list[ShapedOp]:
+    """The ops not inside another of `ops` on their thread (aten::embedding_bag, not the
+    aten::_embedding_bag it calls)."""
+    out: list[ShapedOp] = []
+    ends: dict[int, float] = {}
+    for op in sorted(ops, key=lambda o: (o[3], o[1], -o[2])):
+        if op[1] >= ends.get(op[3], float("-inf")):
+            out.append(op)
+            ends[op[3]] = op[2]
+    return out
+
+
+def _device_model(raw: RawTrace, devices: list[int]) -> str | None:
+    """The peaks table's model of the device this rank ran on (trace/peaks.py): its
+    `deviceProperties` entry (the one whose id it used, else the only one or the first)."""
+    props = [p for p in raw.meta.get("deviceProperties") or [] if isinstance(p, dict)]
+    mine = [p for p in props if p.get("id") in devices] or props[:1]
+    if not mine:
+        return None
+    return model_of(sanitize.text(mine[0].get("name")) or "", mine[0])
 
 
 class _Threads(_Interner):
@@ -519,17 +607,11 @@ def host_calls(calls: list[tuple[float, float, str, Any, Any]], kind: DeviceKind
         role=np.array([role_of.get(c[2], HostCall.LAUNCH) for c in calls], dtype=np.int8))
 
 
-def _elementwise_kernels(raw: RawTrace, ops: list[tuple[str, CheckedEvent | TraceEvent]],
-                         kernel_ids: list[tuple[Any, float]]) -> np.ndarray:
+def _elementwise_kernels(ops: list[ShapedOp], kernel_ids: list[tuple[Any, float]]) -> np.ndarray:
     """[bytes, kernel us] of each elementwise op whose recorded shapes give its bytes and that
-    launched exactly one kernel (paired by `External id`). An op whose arguments cannot be
-    decoded is left out: these prices are optional, the file is not at fault."""
+    launched exactly one kernel (paired by `External id`)."""
     sizes: dict[Any, float] = {}
-    for name, ev in ops:
-        try:
-            args = sanitize.event_args(raw.args(ev))
-        except TraceFileError:
-            continue
+    for name, _start, _end, _thread, args in ops:
         if isinstance(args, dict) and (nbytes := op_bytes(name, args)) is not None:
             sizes[args.get("External id")] = nbytes
     kernels: dict[Any, list[float]] = {}
@@ -663,10 +745,12 @@ class _Rows:
     coll_floating: np.ndarray
     launch_end: np.ndarray
     launch_thread: np.ndarray
+    blocks_per_sm: np.ndarray
+    occupancy: np.ndarray
 
     @classmethod
     def of(cls, rows: list[_Row]) -> _Rows:
-        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 14
+        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 16
         sends = np.empty(len(rows), dtype=object)
         sends[:] = list(cols[9])
         return cls(*(np.asarray(c, dtype=t) if t is not object else sends
@@ -683,7 +767,8 @@ class _Rows:
 
 
 _ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, np.int16,
-              np.int32, np.float64, object, bool, np.int8, np.float64, np.int32)
+              np.int32, np.float64, object, bool, np.int8, np.float64, np.int32, np.float64,
+              np.float64)
 
 
 _LaneNamer = Callable[[Any, Any], str]  # (device, stream) -> lane name
@@ -831,8 +916,12 @@ def _device_row(
         floating = -1 if payload is None else int(payload)
     on_main = launch is None or (launch[1], launch[2]) == main_tid
     thread = threads.of(launch[1], launch[2]) if launch else -1
+    blocks, occupancy = float("nan"), float("nan")
+    if cat in _KERNEL_CATS:
+        blocks = args.get("blocks per SM", blocks)
+        occupancy = args.get("est. achieved occupancy %", occupancy)
     return (start, end, int(klass), lane, names(name), launch_ts, kind_idx, group_idx, nbytes,
-            sends, on_main, floating, launch_end, thread)
+            sends, on_main, floating, launch_end, thread, blocks, occupancy)
 
 
 #: Enqueues looked at for one transfer: the pairing only ever skips a few.
@@ -938,7 +1027,7 @@ def _cpu_rows(
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),
                      names(name), launch, _KIND_INDEX[kind], -1,
                      float(size) if size is not None else nan, sends, on_main,
-                     -1 if payload is None else int(payload), launch, thread))
+                     -1 if payload is None else int(payload), launch, thread, nan, nan))
 
     chosen = enqueue | compute
     n = int(chosen.sum())
@@ -950,7 +1039,8 @@ def _cpu_rows(
         coll_group=np.full(n, -1, dtype=np.int32), coll_bytes=np.full(n, nan),
         coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool),
         coll_floating=np.full(n, -1, dtype=np.int8), launch_end=host.start[chosen],
-        launch_thread=np.full(n, threads.main, dtype=np.int32))
+        launch_thread=np.full(n, threads.main, dtype=np.int32), blocks_per_sm=np.full(n, nan),
+        occupancy=np.full(n, nan))
     waits = _blocking_waits(host, compute, candidate, transfer_end)
     return _Rows.concat([_cut_waits(main_rows, np.flatnonzero(compute[chosen]), waits),
                          _Rows.of(rows)])

@@ -62,6 +62,9 @@ class TraceHeader:
     #: index 0, whichever physical device CUDA_VISIBLE_DEVICES gave it.
     devices: list[int] = field(default_factory=list)
     visible_devices: int = 0
+    #: The accelerator model the rank ran on, as the peaks table names it (trace/peaks.py:
+    #: "H100 SXM5"), None where the trace does not say or the table does not know it.
+    device_model: str | None = None
 
 
 @dataclass
@@ -102,6 +105,11 @@ class Activities:
     coll_peer_wait: np.ndarray | None = None
     #: The host thread that launched it (index into RankTrace.threads), -1 when unknown.
     launch_thread: np.ndarray | None = None
+    #: Per CUDA kernel, as Kineto estimates them from its launch shape: the grid's blocks per
+    #: SM of the device, and the estimated achieved occupancy in percent; NaN where the trace
+    #: does not say (other work, ROCm, older traces). None for formats that record neither.
+    blocks_per_sm: np.ndarray | None = None
+    occupancy: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -207,6 +215,32 @@ class SubTasks:
 
 
 @dataclass
+class ShapedWork:
+    """Host ops whose recorded shapes say what they compute or move (trace/shapes.py), one row
+    each, sorted by start: the FLOPs of the matmul family, attention and convolution (no op
+    counted twice), or the bytes an embedding lookup moves."""
+
+    start: np.ndarray
+    end: np.ndarray
+    thread: np.ndarray  # index into RankTrace.threads
+    amount: np.ndarray  # FLOPs, or bytes
+    #: index into shapes.PRECISIONS, -1 where the input type names none (FLOPs only)
+    precision: np.ndarray
+    convolution: np.ndarray  # bool: a convolution (fp32 ones may run as TF32)
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    @staticmethod
+    def of(rows: list[tuple[float, float, int, float, int, bool]]) -> ShapedWork:
+        rows = sorted(rows)
+        cols: list[tuple] = list(zip(*rows, strict=True)) if rows else [()] * 6
+        return ShapedWork(np.array(cols[0], dtype=np.float64), np.array(cols[1], dtype=np.float64),
+                          np.array(cols[2], dtype=np.int32), np.array(cols[3], dtype=np.float64),
+                          np.array(cols[4], dtype=np.int8), np.array(cols[5], dtype=bool))
+
+
+@dataclass
 class Step:
     number: int
     name: str
@@ -245,3 +279,9 @@ class RankTrace:
     #: shapes give its bytes and that launched exactly one kernel, as a row [bytes, kernel us]
     #: (what the device charges to stream bytes: the what-if's memory line).
     elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    #: On a device that queues work: whether any op's shapes were recorded (`record_shapes`),
+    #: the FLOPs of the ops that count (trace/shapes.py `count_flops`) and the bytes of the
+    #: outermost embedding lookups. None where they were not looked for (a CPU run).
+    shapes_recorded: bool | None = None
+    flop_ops: ShapedWork = field(default_factory=lambda: ShapedWork.of([]))
+    lookup_ops: ShapedWork = field(default_factory=lambda: ShapedWork.of([]))

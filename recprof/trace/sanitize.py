@@ -185,6 +185,20 @@ def _concrete(value: Any) -> Any:
             for v in value]
 
 
+def _positive(value: Any) -> float | None:
+    """A finite number above 0 (a kernel's blocks per SM; tb-profiler drops the rest too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 < value <= MAX_COUNT else None
+
+
+def _percent(value: Any) -> float | None:
+    """A percentage from 0 to 100 (Kineto's estimated occupancy)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value <= 100 else None
+
+
 def _text_arg(value: Any) -> str | None:
     return bounded_text(value) if isinstance(value, str) else None
 
@@ -215,6 +229,12 @@ _ARGS = {
     "Input Dims": _dims,
     "Input type": _flat,
     "Concrete Inputs": _concrete,
+    # a CUDA kernel's launch shape against the device (Kineto): blocks per SM (the grid over
+    # the SM count) and the estimated achieved occupancy (analysis/gpu_use.py)
+    "blocks per SM": _positive,
+    "est. achieved occupancy %": _percent,
+    # an op's FLOPs, where the profiler was told `with_flops` and wrote them
+    "flops": count,
     # cuda_sync "Stream Wait Event": the stream waited on and the event record's correlation
     "wait_on_stream": _key_arg,
     "wait_on_cuda_event_record_corr_id": count,

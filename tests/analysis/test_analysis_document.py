@@ -50,7 +50,8 @@ def test_version_1_documents_still_load(shared_traces: Path) -> None:
     which findings fire match today's analysis of the same traces, but for the idle causes:
     /1 booked the host's part of a gap as a host-bound launch unless something covered it,
     where today's analysis reads what the host was doing (host_activity.py), so an old
-    document still says `host_idle` where today's does not."""
+    document still says `host_idle` where today's does not, and device use (the busy ranks that
+    wait, issue 46), which /1 holds no evidence for, is found in today's only."""
     loaded = load_analysis_json(V1_DOCUMENT)
     assert loaded.schema == SCHEMA
     (old,) = loaded.jobs
@@ -58,7 +59,8 @@ def test_version_1_documents_still_load(shared_traces: Path) -> None:
     for name in ("step", "compute", "exposed_comm", "idle"):
         assert getattr(old.per_step, name) == pytest.approx(getattr(new.per_step, name))
     assert [f.id for f in old.findings] == ["straggler", "host_idle"]
-    assert [f.id for f in new.findings] == ["straggler"]
+    assert [f.id for f in new.findings] == ["straggler", "busy_but_waiting"]
+    assert old.sm is None and new.sm is not None
     assert old.verdict.startswith("Rank 2 makes the others wait")
     assert old.framework == "unknown" and new.framework == "torchrec"
     assert old.collectives[0].count_per_step > 0

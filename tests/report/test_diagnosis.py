@@ -31,6 +31,15 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
 - queued idle: TraceLens' sglang decode (one MI300 rank whose next kernel sat launched for
   463 ms of a 474 ms step on an idle GPU) fires; the time-sliced H100 ranks do not (their
   queueing is the shared device's), nor one rank alone on its GPU.
+- busy but waiting (issue 46): `sst_long_a2a_optimizer` fires naming rank 2 (ranks 0, 1 and 3
+  read 96% utilization, 95% of it NCCL kernels waiting); `sst_long_a2a_optimizer_4` does not:
+  its GPUs are as busy (92-98%) but working (SM efficiency 75-78%, waits 0.5-9.9 ms of a 173 ms
+  step).
+- kernels too small: no real trace here loses 5% of its step to kernels with fewer blocks than
+  SMs (the most: trace_diff/control's dense backward, 3.8%, 27% of its compute in them), so it
+  fires on the small TorchRec DLRM of torchrec_pr1460/log/resnet18 with the threshold lowered
+  (its dense forward: 0.20 of 0.23 ms of compute kernels under one block per SM) and not on
+  `sst_long_a2a_optimizer_4` at the default.
 - late peer: the Ascend job of ../shared/ascend/level1 fires (its ranks 0 and 1 wait 95 ms of a
   155 ms step for rank 5, whose trace is not there, as their HCCL waits measure); no Kineto
   trace measures waits per peer, and a named straggler takes precedence.
@@ -55,6 +64,7 @@ from recprof.analysis.diagnosis import (
     diagnose_facts,
     job_facts,
     rule_allocator_stall,
+    rule_busy_but_waiting,
     rule_collective_order,
     rule_exposed_dense_comm,
     rule_exposed_embedding_comm,
@@ -65,6 +75,7 @@ from recprof.analysis.diagnosis import (
     rule_late_peer,
     rule_queued_idle,
     rule_shared_device,
+    rule_small_kernels,
     rule_small_messages,
     rule_straggler,
     rule_unrecorded_host,
@@ -301,6 +312,43 @@ def test_queued_idle(facts_of: Callable[[str], JobFacts],
         assert rule_queued_idle(job_facts(job)) is None, name
 
 
+def test_busy_but_waiting(facts_of: Callable[[str], JobFacts],
+                          analysis_of: Callable[[str], AnalysisResult]) -> None:
+    facts = facts_of("sst")
+    f = _check(rule_busy_but_waiting(facts), facts)
+    assert f.title == "GPUs busy but waiting for rank 2"
+    assert f.headline.startswith("ranks 0, 1 and 3 read 96% GPU utilization")
+    assert "NCCL kernels waiting for rank 2" in f.headline
+    # Its cost is the three waiting ranks' blocking wait over the job's four ranks: what the
+    # matching measured, never more than the straggler finding (which counts the same wait).
+    (job,) = analysis_of("sst").jobs
+    blocking = job.skew.blocking_wait_us_per_step_by_rank
+    assert f.recoverable_us_per_step == pytest.approx(
+        sum(blocking[r] for r in (0, 1, 3)) / 4, rel=1e-9)
+    assert f.recoverable_us_per_step < rule_straggler(facts).recoverable_us_per_step
+    assert f.knobs == rule_straggler(facts).knobs  # the late rank's cause moves it
+    quiet = facts_of("sst4")
+    assert min(r.gpu_utilization or 0.0 for r in quiet.ranks) > 0.9
+    assert rule_busy_but_waiting(quiet) is None
+    assert rule_busy_but_waiting(facts_of(CONTROL)) is None  # one rank: nobody to wait for
+
+
+def test_small_kernels(facts_of: Callable[[str], JobFacts],
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = facts_of(TORCHREC_SMALL)
+    assert rule_small_kernels(facts) is None  # 0.4% of the step: below the bar
+    monkeypatch.setattr("recprof.analysis.diagnosis.SMALL_KERNELS_MIN_FRACTION", 0.001)
+    monkeypatch.setattr("recprof.analysis.diagnosis.SMALL_KERNELS_MIN_US", 10.0)
+    f = _check(rule_small_kernels(facts), facts)
+    (stage,) = [k for k in facts.small_kernels if k.stage == "dense_forward"]
+    assert f.title == "Kernels too small for the GPU in dense_forward"
+    assert f.recoverable_us_per_step == pytest.approx(
+        min(stage.small_us * (1 - stage.fill), stage.exposed_us))
+    assert f.knobs == ["fused_params (one TBE per table group)", "ShardingType",
+                       "larger per-rank batch"]
+    assert rule_small_kernels(facts_of("sst4")) is None
+
+
 def test_nothing_wrong(facts_of: Callable[[str], JobFacts]) -> None:
     assert diagnose_facts(facts_of(H100)) == []
 
@@ -320,5 +368,6 @@ def test_every_rule_is_exercised_above() -> None:
     tested = {rule_exposed_embedding_comm, rule_exposed_dense_comm, rule_straggler,
               rule_late_peer, rule_small_messages, rule_exposed_h2d, rule_host_idle,
               rule_collective_order, rule_shared_device, rule_queued_idle,
-              rule_allocator_stall, rule_host_sync, rule_host_work, rule_unrecorded_host}
+              rule_allocator_stall, rule_host_sync, rule_host_work, rule_unrecorded_host,
+              rule_busy_but_waiting, rule_small_kernels}
     assert set(RULES) == tested

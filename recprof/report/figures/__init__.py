@@ -21,6 +21,7 @@ from recprof.report.figures.critical_path import (
     critical_path_note,
     plot_critical_path,
 )
+from recprof.report.figures.gpu_use import gpu_use_info, plot_gpu_use
 from recprof.report.figures.heatmap import (
     MAX_HEATMAP_CELLS,
     MAX_HEATMAP_COLUMNS,
@@ -60,6 +61,7 @@ __all__ = [
     "breakdown_bars_info",
     "critical_path_info",
     "critical_path_note",
+    "gpu_use_info",
     "heatmap_note",
     "idle_histogram_info",
     "peer_bytes_info",
@@ -67,6 +69,7 @@ __all__ = [
     "plot_bandwidth_scatter",
     "plot_breakdown_bars",
     "plot_critical_path",
+    "plot_gpu_use",
     "plot_idle_histogram",
     "plot_peer_bytes",
     "plot_skew_heatmap",
