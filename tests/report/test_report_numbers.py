@@ -305,7 +305,10 @@ def test_findings_list(rendered: Rendered) -> None:
 
 
 def _figure(rendered: Rendered, suffix: str) -> dict[str, Any]:
-    (name,) = [k for k in rendered.figures if k.endswith(f"-{suffix}")]
+    """The job's figure named `<job anchor>-<suffix>` (the GPU-use section's
+    `<anchor>-gpu-use-bars` is another figure)."""
+    (name,) = [k for k in rendered.figures
+               if k.endswith(f"-{suffix}") and not k.endswith(f"-gpu-use-{suffix}")]
     return rendered.figures[name]
 
 
