@@ -36,8 +36,9 @@ class JobResult:
     leftovers_killed: bool = False
 
 
-def job_env(run_dir: Path, schedule: layout.Schedule) -> dict[str, str]:
-    """The user's environment plus the hook folder on PYTHONPATH and the window settings."""
+def job_env(run_dir: Path, schedule: layout.Schedule, hang: bool = True) -> dict[str, str]:
+    """The user's environment plus the hook folder on PYTHONPATH, the window settings and
+    whether the ranks answer hang requests (`hang`)."""
     env = dict(os.environ)
     env.pop(layout.ENV_OWNER, None)  # capture inside a captured job starts afresh
     previous = env.get("PYTHONPATH")
@@ -45,6 +46,7 @@ def job_env(run_dir: Path, schedule: layout.Schedule) -> dict[str, str]:
     env[layout.ENV_DIR] = str(run_dir.resolve())
     env.update(schedule.to_env())
     env[layout.ENV_LAUNCHER_PID] = str(os.getpid())
+    env[layout.ENV_HANG] = "1" if hang else "0"
     return env
 
 
