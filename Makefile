@@ -40,9 +40,10 @@ check: lint
 		--ignore=tests/trace/test_decoding_identity.py
 
 # TorchRec, pinned for CPU: the tests capture its golden DLRM (../shared/jobs), and
-# examples/torchrec_dlrm.py and the trainer-vs-TorchRec benchmarks use it. Its metadata asks for
+# examples/torchrec_dlrm.py and the trainer-vs-TorchRec benchmarks use it (faiss-cpu: its two-tower
+# retrieval example, ../shared/jobs/torchrec_two_tower, indexes its candidates). Its metadata asks for
 # the CUDA fbgemm-gpu, so it goes in without dependencies.
 torchrec: setup
 	$(PYTHON) -m pip install -q --no-deps torchrec==1.8.0
-	$(PYTHON) -m pip install -q fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics==1.0.3 tqdm \
+	$(PYTHON) -m pip install -q fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics==1.0.3 tqdm faiss-cpu \
 		pyre-extensions iopath

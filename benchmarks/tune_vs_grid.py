@@ -148,6 +148,7 @@ def main() -> None:
             launcher=args.launcher, config=args.config, space=space, trials=trials,
             trial_timeout=args.trial_timeout, study=name, capture=capture, seed=seed,
             progress=sys.stderr.isatty(), report=True,
+            confirm_rounds=0,  # the search's pick is scored here, by the re-runs below
         )  # fmt: skip
 
     grid_space = args.out / "grid_space.yaml"

@@ -10,7 +10,9 @@ backward pass, with the dense part in DDP. Runs under torchrun, and under `recpr
         --config examples/configs/demo.yaml [--pipeline sparse_dist] [--out DIR]
 
 `--pipeline sparse_dist` uses TorchRec's `TrainPipelineSparseDist` (input all-to-all of the
-next batch overlapped with this batch's compute). Needs torchrec 1.8.0 with fbgemm-gpu-cpu
+next batch overlapped with this batch's compute). `--qcomms fp16` (or bf16, int8) sends the
+pooled embeddings and their gradients quantized: TorchRec's QCommsConfig on the sharder (on CPU,
+BF16 is sent as FP16; FP8 fails there). Needs torchrec 1.8.0 with fbgemm-gpu-cpu
 1.8.0 on torch 2.13 (install notes: ../shared/docs/field-notes.md).
 """
 
@@ -92,14 +94,27 @@ def to_torchrec(batch: Batch, cfg: TrainConfig) -> TorchRecBatch:
     return TorchRecBatch(dense_features=batch.dense, sparse_features=kjt, labels=batch.labels)
 
 
-def build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Table-wise DMP with fused row-wise Adagrad for tables, Adagrad for the dense part."""
+def build(cfg: TrainConfig, device: torch.device, qcomms: str | None = None
+          ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Table-wise DMP with fused row-wise Adagrad for tables, Adagrad for the dense part;
+    `qcomms`, the wire precision of the pooled embeddings and their gradients."""
     torch.manual_seed(cfg.seed)
     model = DLRMTrain(cfg)
     apply_optimizer_in_backward(
         RowWiseAdagrad, model.ebc.parameters(), {"lr": cfg.embedding_lr, "eps": cfg.adagrad_eps}
     )
-    sharder = EmbeddingBagCollectionSharder()
+    registry = None
+    if qcomms is not None:
+        from torchrec.distributed.fbgemm_qcomm_codec import (
+            CommType,
+            QCommsConfig,
+            get_qcomm_codecs_registry,
+        )
+
+        precision = CommType[qcomms.upper()]
+        registry = get_qcomm_codecs_registry(
+            QCommsConfig(forward_precision=precision, backward_precision=precision))
+    sharder = EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
     constraints = {
         f"t{t}": ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
         for t in range(cfg.num_tables)
@@ -117,7 +132,7 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.opti
     return dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
 
 
-def train(cfg: TrainConfig, pipeline: str, out: Path | None) -> None:
+def train(cfg: TrainConfig, pipeline: str, out: Path | None, qcomms: str | None = None) -> None:
     device = torch.device("cpu")
     backend = choose_backend(cfg.backend)
     if backend == "nccl":
@@ -125,7 +140,7 @@ def train(cfg: TrainConfig, pipeline: str, out: Path | None) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, optimizer = build(cfg, device)
+    model, optimizer = build(cfg, device, qcomms)
     loader = make_loader(cfg, TRAIN_STREAM, cfg.steps, rank, world, cfg.num_workers, device)
     batches: Iterator[TorchRecBatch] = (to_torchrec(b, cfg).to(device) for b in loader)
     runner = (
@@ -165,6 +180,8 @@ def main() -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--pipeline", choices=["none", "sparse_dist"], default="none")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--qcomms", choices=["fp16", "bf16", "int8"],
+                        help="quantized comms for the pooled embeddings and their gradients")
     args = parser.parse_args()
     try:
         cfg = load_config(args.config, args.overrides)
@@ -172,7 +189,7 @@ def main() -> int:
     except RecprofError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    train(cfg, args.pipeline, args.out)
+    train(cfg, args.pipeline, args.out, args.qcomms)
     return 0
 
 

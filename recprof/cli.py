@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
+from click.utils import PacifyFlushWrapper
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 from typer.main import get_command
 
-from recprof.errors import RecprofError
+from recprof.errors import ExitCode, RecprofError
+from recprof.terminal import ReaderGone, end_quietly_on_a_closed_pipe
 
 
 def _load(name: str) -> Any:
@@ -121,13 +123,25 @@ for _name, _spec in COMMANDS.items():
 
 
 def main() -> None:
-    """Console-script entry point: user errors become one red line and exit status 2."""
+    """Console-script entry point: user errors become one red line and `ExitCode.USAGE`.
+
+    A reader that closes the pipe early (`recprof analyze RUN | head`) has read what it
+    wanted: every command writes its files before it prints, so the outcome stands and a
+    closed pipe is not a failure (rich and click would exit 1, the status of a failed gate).
+    `compare` catches `ReaderGone` itself, to end with its gate's status."""
+    end_quietly_on_a_closed_pipe()
     try:
         app()
     except RecprofError as exc:
         console = Console(stderr=True, soft_wrap=True)
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
+    except ReaderGone:
+        sys.exit(ExitCode.OK)
+    except SystemExit as exc:
+        if exc.code == 1 and isinstance(sys.stdout, PacifyFlushWrapper):
+            sys.exit(ExitCode.OK)  # click's own treatment of a closed pipe (click.echo)
+        raise
 
 
 if __name__ == "__main__":

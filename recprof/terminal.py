@@ -9,6 +9,8 @@ so a table that fits 80 columns prints whole at 80; their notes print below as t
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 
 from rich import box
@@ -38,3 +40,24 @@ def print_table(console: Console, table: Table, note: str | None = None) -> None
     console.print(table)
     if note:
         console.print(escape(note), style="dim", highlight=False)
+
+
+class ReaderGone(Exception):
+    """Standard output's reader closed the pipe (`recprof compare ... | head -2`)."""
+
+
+def _reader_gone(console: Console) -> None:
+    """Rich's hook for a closed pipe (`Console.on_broken_pipe`, which exits 1 by default):
+    point standard output at /dev/null, as Python's documentation on SIGPIPE advises, so the
+    last flush does not fail, and raise `ReaderGone` for the command to end with its own
+    status."""
+    console.quiet = True
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise ReaderGone
+
+
+def end_quietly_on_a_closed_pipe() -> None:
+    """Every console of this process raises `ReaderGone` on a closed pipe instead of exiting
+    1, the status `compare`'s gate fails with (recprof/cli.py installs it once)."""
+    Console.on_broken_pipe = _reader_gone  # type: ignore[method-assign]

@@ -61,3 +61,20 @@ def test_help_lists_the_commands_and_imports_none_of_them() -> None:
     assert proc.stderr.strip().splitlines()[-1] == "[]"
     for name, spec in COMMANDS.items():
         assert f"{name} " in proc.stdout and spec.summary in proc.stdout, name
+
+
+def test_help_keeps_every_bracket_of_its_docstring() -> None:
+    """`--help` renders a command's docstring as rich markup, where `[view]` is a tag and
+    vanishes (`pip install 'recprof'` read as the whole instruction): every bracketed token
+    of each docstring (markup escapes `\\[` taken as the bracket they print) reaches the help."""
+    import importlib
+    import re
+
+    for name, spec in COMMANDS.items():
+        doc = getattr(importlib.import_module(spec.module), name).__doc__ or ""
+        tokens = re.findall(r"\[[^\]\s]+\]", doc.replace("\\[", "["))
+        if not tokens:
+            continue
+        shown = " ".join(_run(name, "--help").stdout.split())
+        for token in tokens:
+            assert token in shown, (name, token)

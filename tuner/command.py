@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from recprof.errors import RecprofError
+from recprof.errors import ExitCode, RecprofError
 from tuner.trainer import Launch
 
 
@@ -83,6 +84,33 @@ def tune(
             "silent for 3 of them is failed and queued again (its worker died).",
         ),
     ] = 30,
+    confirm_rounds: Annotated[
+        int | None,
+        typer.Option(
+            help="Rounds of confirmation after the search: each round re-runs the baseline and "
+            "the best configs once, interleaved, and a config is recommended only when its "
+            "runs beat the baseline's beyond the noise (one-sided Mann-Whitney U, as recprof "
+            "compare's gate). 0: no confirmation (the search's best, unconfirmed). "
+            "[default: 4, the fewest that can tell]",
+            show_default=False,
+        ),
+    ] = None,
+    confirm_top: Annotated[
+        int | None,
+        typer.Option(
+            help="Best configs confirmed against the baseline [default: 2, or 1 when --trials "
+            "is under 12]; the confirmation costs (this + 1) x rounds unprofiled runs.",
+            show_default=False,
+        ),
+    ] = None,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="Largest peak memory per rank a config may use (8GiB, 512MiB, 8GB): a trial "
+            "above it is infeasible, never recommended. The peak is the rank's accelerator "
+            "allocator peak where it used one, else its peak RSS.",
+        ),
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
 ) -> None:
@@ -90,20 +118,26 @@ def tune(
 
     The synchronous fp32 baseline runs first.
     Failed and timed-out trials are recorded; identical configs are answered from the study.
+    After the search, the best configs and the baseline are re-run interleaved: a config is
+    recommended only when it beats the baseline beyond the noise, else the answer is to keep
+    your config. With --like, the answer is also said in the job's own framework.
     Ctrl-C leaves the study resumable: run the same command again to continue it.
     Details: docs/tuner.md.
     """
     console = Console(stderr=True)
     # Optuna and plotly load here, not at import: every `recprof` command imports this module.
+    from tuner.memory import parse_limit
     from tuner.recommend import print_summary
     from tuner.study import TuneSettings, default_study_name, run_tuning
 
-    mirrors = None
+    mirrored = None
+    limit = parse_limit(memory_limit) if memory_limit is not None else None
     if like:
         if config is not None:
             raise RecprofError("give --config or --like, not both (--like writes the config)")
-        config, nproc_per_node, study, out, mirrors = mirror_for_tuning(
-            like, nproc_per_node, nnodes, study, out, console)
+        mirrored = mirror_for_tuning(like, nproc_per_node, nnodes, study, out, console)
+        config, nproc_per_node, study, out = (mirrored.config, mirrored.nproc_per_node,
+                                              mirrored.study, mirrored.out)
     nproc_per_node = nproc_per_node or 2
     name = study or default_study_name(config, Launch(nproc_per_node, nnodes))
     out = out or Path("reports") / f"tune-{name}"
@@ -123,7 +157,12 @@ def tune(
         seed=seed,
         progress=progress,
         heartbeat_s=heartbeat,
-        mirrors=mirrors,
+        mirrors=mirrored.mirrors if mirrored else None,
+        mirror_framework=mirrored.framework if mirrored else None,
+        mirror_device_kind=mirrored.device_kind if mirrored else None,
+        memory_limit=limit,
+        confirm_rounds=confirm_rounds,
+        confirm_top=confirm_top,
     )
     result = run_tuning(settings, console)
     if result.recommendation is not None:
@@ -132,16 +171,30 @@ def tune(
         console.print(f"{label}: {path}", highlight=False)
     console.print(f"dashboard: optuna-dashboard {result.dashboard_arg}", highlight=False)
     if result.interrupted:
-        raise typer.Exit(130)
+        raise typer.Exit(ExitCode.INTERRUPTED)
+
+
+@dataclass(frozen=True)
+class Mirrored:
+    """What `--like` sets up: the mirror config (OUT/mirror.yaml), ranks per node, study name,
+    output folder, what the study mirrors in words, and that job's framework and device kind
+    (for the answer in the job's own terms)."""
+
+    config: Path
+    nproc_per_node: int
+    study: str
+    out: Path
+    mirrors: str
+    framework: str
+    device_kind: str
 
 
 def mirror_for_tuning(like: Path | list[Path], nproc_per_node: int | None, nnodes: int,
-                      study: str | None, out: Path | None, console: Console
-                      ) -> tuple[Path, int, str, Path, str]:
-    """`--like`: the mirror config (OUT/mirror.yaml), ranks per node, study name, output folder
-    and what the study mirrors. The launch and the names come from the job's layout alone, so
-    a resumed study finds its saved config before anything is derived: deriving fits the key
-    skew over every rank (24 s for a 128-rank job), and the trials already ran on that file."""
+                      study: str | None, out: Path | None, console: Console) -> Mirrored:
+    """`--like`: the mirror config and everything the study needs of the job. The launch and
+    the names come from the job's layout alone, so a resumed study finds its saved config before
+    anything is derived: deriving fits the key skew over every rank (24 s for a 128-rank job),
+    and the trials already ran on that file."""
     from recprof.analysis.inputs import one_job
     from recprof.host import usable_cores
     from recprof.mirror.command import calibrate_mirror, derive_with_status
@@ -164,4 +217,4 @@ def mirror_for_tuning(like: Path | list[Path], nproc_per_node: int | None, nnode
         out.mkdir(parents=True, exist_ok=True)
         config.write_text(mirrored.to_yaml(named))
         console.print(f"mirror of {mirrors}: {config}", highlight=False)
-    return config, nproc_per_node, name, out, mirrors
+    return Mirrored(config, nproc_per_node, name, out, mirrors, job.framework, job.device_kind)

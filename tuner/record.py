@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from recprof.analysis.model import Finding, JobAnalysis, StepMetrics
 from recprof.nestpipe.knobs import Knobs
+from recprof.nestpipe.summary import QUALITY_METRICS
 from tuner.storage import MAX_RETRY
 
 
@@ -51,9 +52,23 @@ class Status(StrEnum):
 RETRY_STATUSES = frozenset({Status.INTERRUPTED, Status.ABANDONED})
 
 #: Trainer summary numbers copied onto the record, each as the user attr `trainer_<name>`.
-TRAINER_NUMBERS = ("eval_auc", "eval_loss", "final_loss", "wall_s")
+TRAINER_NUMBERS = ("eval_auc", "eval_recall", "eval_loss", "final_loss", "wall_s")
 _TRAINER_PREFIX = "trainer_"
 _FINDING_FIELDS = frozenset(f.name for f in dataclasses.fields(Finding))
+
+
+def quality(summary: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[str, float] | None:
+    """(metric, loss against the baseline; positive = worse) from two trainer summaries.
+
+    The trainer's QUALITY_METRICS in order: eval AUC (DLRM) or recall (two-tower), higher is
+    better; eval loss and final training loss are fallbacks.
+    """
+    for metric, higher_is_better in QUALITY_METRICS:
+        sign = -1.0 if higher_is_better else 1.0
+        a, b = summary.get(metric), base.get(metric)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return metric, sign * (float(a) - float(b)) + 0.0  # no -0.0
+    return None
 
 
 @dataclass
@@ -147,6 +162,58 @@ class Pace:
 
 
 @dataclass
+class RankMemory:
+    """One rank's peak memory, as the rank measured it at exit (tuner/inject/sitecustomize.py):
+    its peak resident set and, when it used an accelerator, that allocator's peak."""
+
+    rank: int
+    host_rss_bytes: int
+    device: str | None = None  # torch's device type: cuda, npu, ...
+    device_bytes: int | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        """What `--memory-limit` holds the rank to: the device's peak where it used one (the
+        memory that runs out first there), else its resident set."""
+        return self.device_bytes if self.device_bytes is not None else self.host_rss_bytes
+
+    @property
+    def what(self) -> str:
+        """Which peak `peak_bytes` is, in words."""
+        return f"{self.device} allocator peak" if self.device else "peak RSS"
+
+
+@dataclass
+class PeakMemory:
+    """A run's peak memory per rank (the ranks that reported)."""
+
+    ranks: list[RankMemory]
+
+    @property
+    def largest(self) -> RankMemory:
+        """The rank with the largest peak: the one a per-rank limit binds first."""
+        return max(self.ranks, key=lambda r: r.peak_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.largest.peak_bytes
+
+    def encode(self) -> dict[str, Any]:
+        return {"peak_bytes": self.peak_bytes, "what": self.largest.what,
+                "ranks": [dataclasses.asdict(r) for r in self.ranks]}
+
+    @classmethod
+    def decode(cls, raw: Any) -> PeakMemory | None:
+        if not isinstance(raw, dict) or not raw.get("ranks"):
+            return None
+        try:
+            return cls([RankMemory(int(r["rank"]), int(r["host_rss_bytes"]), r.get("device"),
+                                   r.get("device_bytes")) for r in raw["ranks"]])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass
 class TrialRecord:
     """Everything the tuner stores on one trial. None (and `ran` False) means "not stored"."""
 
@@ -176,6 +243,8 @@ class TrialRecord:
     refitted: float | None = None
     #: how its run went in time (the baseline's sizes the hung-trial watchdog)
     pace: Pace | None = None
+    #: each rank's peak memory (None when no rank reported one)
+    memory: PeakMemory | None = None
 
     @property
     def exposed_ratio(self) -> float | None:
@@ -207,6 +276,7 @@ class TrialRecord:
             throughput=self.throughput,
             quality_metric=self.quality_metric,
             quality_loss=self.quality_loss,
+            memory=self.memory,
             status=Status.DUPLICATE,
             duplicate_of=number,
             reason=f"same config as trial {number}; not run again",
@@ -248,6 +318,8 @@ class TrialRecord:
             "predicted_throughput": self.predicted,
             "refitted_throughput": self.refitted,
             "pace": self.pace.encode() if self.pace else None,
+            "memory": self.memory.encode() if self.memory else None,
+            "peak_memory_bytes": self.memory.peak_bytes if self.memory else None,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -291,6 +363,7 @@ class TrialRecord:
             predicted=attrs.get("predicted_throughput"),
             refitted=attrs.get("refitted_throughput"),
             pace=Pace.decode(attrs.get("pace")),
+            memory=PeakMemory.decode(attrs.get("memory")),
         )
 
     @classmethod
@@ -356,6 +429,61 @@ def baseline_of(source: optuna.Study | Iterable[FrozenTrial]) -> FrozenTrial | N
 
 
 @dataclass
+class ConfirmRun:
+    """One confirmation run: a config re-run unprofiled after the search (tuner/confirm.py)."""
+
+    key: str  # knobs_key of the config
+    round: int  # 1-based
+    status: Status
+    trial_dir: str
+    #: samples/s: the median of its per-step samples/s after warm-up (the trainer's step log),
+    #: or the trainer's own throughput where it wrote no step log
+    throughput: float | None = None
+    steps: int = 0  # per-step measurements behind `throughput` (0: the trainer's number)
+    #: the trainer's quality numbers (TRAINER_NUMBERS that are quality metrics)
+    quality: dict[str, float] = field(default_factory=dict)
+    memory: PeakMemory | None = None
+    reason: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        raw = dataclasses.asdict(self) | {"status": self.status.value}
+        raw["memory"] = self.memory.encode() if self.memory else None
+        return raw
+
+    @classmethod
+    def decode(cls, raw: Mapping[str, Any]) -> ConfirmRun:
+        return cls(key=raw["key"], round=int(raw["round"]), status=Status(raw["status"]),
+                   trial_dir=raw["trial_dir"], throughput=raw.get("throughput"),
+                   steps=int(raw.get("steps") or 0), quality=dict(raw.get("quality") or {}),
+                   memory=PeakMemory.decode(raw.get("memory")), reason=raw.get("reason"))
+
+
+@dataclass
+class ConfirmPlan:
+    """Which configs a confirmation re-runs against the baseline, and how many rounds: a
+    stored plan whose configs differ from the study's best now is started again."""
+
+    baseline: int  # trial numbers (the runs the configs were picked from)
+    candidates: list[int]
+    keys: list[str]  # knobs_key of the baseline, then of each candidate
+    knobs: list[Knobs]
+    rounds: int
+
+    def encode(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def decode(cls, raw: Any) -> ConfirmPlan | None:
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return cls(int(raw["baseline"]), [int(c) for c in raw["candidates"]],
+                       list(raw["keys"]), list(raw["knobs"]), int(raw["rounds"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass
 class StudyRecord:
     """What the tuner stores on the study itself (study user attrs)."""
 
@@ -370,6 +498,16 @@ class StudyRecord:
     #: until decided (once, after the baseline), empty when no prediction could be made.
     predictions: dict[str, float] | None = None
     prior_basis: str | None = None
+    #: The mirrored job's framework and device kind (analysis names), for the job's own terms.
+    mirror_framework: str | None = None
+    mirror_device_kind: str | None = None
+    #: `--memory-limit` in bytes, as the last run of the study set it.
+    memory_limit: int | None = None
+    #: The confirmation after the search: its plan and the runs done so far (tuner/confirm.py).
+    confirm_plan: ConfirmPlan | None = None
+    confirm_runs: list[ConfirmRun] | None = None
+    #: The worker running the confirmation now, and when it last said so (time.time()).
+    confirming: dict[str, Any] | None = None
 
     def encode(self) -> dict[str, Any]:
         attrs = {
@@ -380,6 +518,13 @@ class StudyRecord:
             "pruning_basis": self.pruning_basis,
             "whatif_predictions": self.predictions,
             "whatif_basis": self.prior_basis,
+            "recprof.mirror_framework": self.mirror_framework,
+            "recprof.mirror_device_kind": self.mirror_device_kind,
+            "memory_limit_bytes": self.memory_limit,
+            "confirm_plan": self.confirm_plan.encode() if self.confirm_plan else None,
+            "confirm_runs": (None if self.confirm_runs is None
+                             else [r.encode() for r in self.confirm_runs]),
+            "confirming": self.confirming,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -394,6 +539,13 @@ class StudyRecord:
             mirrors=attrs.get("recprof.mirrors"),
             predictions=attrs.get("whatif_predictions"),
             prior_basis=attrs.get("whatif_basis"),
+            mirror_framework=attrs.get("recprof.mirror_framework"),
+            mirror_device_kind=attrs.get("recprof.mirror_device_kind"),
+            memory_limit=attrs.get("memory_limit_bytes"),
+            confirm_plan=ConfirmPlan.decode(attrs.get("confirm_plan")),
+            confirm_runs=(None if attrs.get("confirm_runs") is None
+                          else [ConfirmRun.decode(r) for r in attrs["confirm_runs"]]),
+            confirming=attrs.get("confirming"),
         )
 
     def save(self, study: optuna.Study) -> None:

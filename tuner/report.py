@@ -19,10 +19,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from recprof import units
+from recprof.nestpipe.knobs import knobs_label
 from recprof.report.figures import Figure
 from recprof.report.render import render_page, write_page
 from recprof.report.sections import (
     Block,
+    Bullets,
     Cell,
     Code,
     Column,
@@ -34,8 +36,18 @@ from recprof.report.sections import (
     Table,
 )
 from tuner import figures
+from tuner.confirm import confidence_text, interval_text
 from tuner.figures import TrialRow, Unavailable
-from tuner.recommend import Recommendation, knobs_text
+from tuner.recommend import (
+    CONFIRM_COLUMNS,
+    KEEP,
+    RECOMMEND,
+    Recommendation,
+    confirm_rows,
+    job_terms_lines,
+    knobs_text,
+    memory_text,
+)
 from tuner.record import Role, StudyRecord, TrialRecord, baseline_of
 from tuner.storage import without_password
 
@@ -49,9 +61,9 @@ def _ratio(value: float | None) -> str:
 def _best_vs_baseline(rec: Recommendation | None, runs: int, n_trials: int) -> Section:
     blocks: list[Block] = [
         Paragraph(
-            f"{runs} trainer runs, {n_trials} trials in the study (duplicates answered from the "
-            f"study and invalid configs are trials too). Objective: measured throughput "
-            f"(samples/s, steady window after warm-up).",
+            f"{runs} trainer runs in the search, {n_trials} trials in the study (duplicates "
+            f"answered from the study and invalid configs are trials too). Objective: measured "
+            f"throughput (samples/s, steady window after warm-up).",
             css="muted",
         )
     ]
@@ -59,7 +71,17 @@ def _best_vs_baseline(rec: Recommendation | None, runs: int, n_trials: int) -> S
         blocks.append(
             Paragraph("No completed baseline yet: nothing to recommend.", css="verdict bad")
         )
-        return Section("best", "Best vs baseline", blocks)
+        return Section("best", "The answer", blocks)
+    css = {RECOMMEND: "verdict ok", KEEP: "verdict"}.get(rec.decision, "verdict bad")
+    blocks.append(Paragraph(rec.verdict, css=css))
+    conf = rec.confirmation
+    if conf is not None and rec.decision == KEEP and conf.candidates:
+        blocks.append(Bullets(
+            [f"trial {c.trial} ({knobs_label(c.knobs)}): {interval_text(c)}; {c.why}"
+             for c in conf.candidates], heading="Closest candidates"))
+    if rec.in_job_terms is not None:
+        head, *lines = job_terms_lines(rec.in_job_terms, rec.decision)
+        blocks.append(Bullets(lines, heading=head[0].upper() + head[1:]))
     quality = (
         "n/a"
         if rec.quality_delta is None
@@ -70,22 +92,59 @@ def _best_vs_baseline(rec: Recommendation | None, runs: int, n_trials: int) -> S
         ["throughput ratio", "1.00x", f"{rec.speedup:.2f}x"],
         ["exposed comm ratio", _ratio(rec.baseline_exposed_ratio), _ratio(rec.exposed_ratio)],
         ["quality delta", "", quality],
+        ["knobs", "", knobs_text(rec.best_knobs)],
     ]
     blocks += [
         Table(
             columns=[
-                Column(""),
+                Column("search (one run each)"),
                 Column(f"baseline (trial {rec.baseline_trial})", True),
-                Column(f"best (trial {rec.best_trial})", True),
+                Column(f"search's best (trial {rec.best_trial})", True),
             ],
             rows=[[Cell(a), Cell(b, css="num"), Cell(c, css="num")] for a, b, c in rows],
             css="best",
             sortable=False,
         ),
-        Paragraph(f"Recommended knobs: {knobs_text(rec.knobs)}. Run it:"),
+    ]
+    if rec.memory_limit is not None:
+        blocks.append(Paragraph(
+            f"--memory-limit {units.size(rec.memory_limit)} per rank: configs whose largest "
+            f"rank peaked above it are infeasible. The answer's config peaked at "
+            f"{memory_text(rec.peak_memory_bytes)} per rank in the search.", css="muted"))
+    what = "the mirror" if rec.in_job_terms is not None else "it"
+    blocks += [
+        Paragraph(f"The answer's trainer config: {knobs_text(rec.knobs)}. Run {what}:"),
         Code(rec.command),
     ]
-    return Section("best", "Best vs baseline", blocks)
+    return Section("best", "The answer", blocks)
+
+
+def _confirmation(rec: Recommendation | None) -> Section:
+    """The confirm runs, each config's speed-up interval against the baseline, and the noise."""
+    title = "Confirmation: beyond the noise?"
+    conf = rec.confirmation if rec is not None else None
+    if conf is None:
+        why = ("no completed baseline yet" if rec is None else
+               "none: confirmation was off (--confirm-rounds 0) or the search had no config "
+               "besides the baseline to confirm")
+        return Section("confirm", title, [Paragraph(f"Confirmation: {why}.", css="muted")])
+    note = (
+        f"After the search, the baseline and the best {len(conf.candidates)} feasible config(s) "
+        f"were re-run unprofiled, interleaved (baseline, then each config, in every round), "
+        f"{conf.rounds} rounds: {conf.runs_done} of {conf.runs_planned} runs done. Each run "
+        f"is timed by the median of its per-step samples/s after warm-up. Speed-up: the "
+        f"Hodges-Lehmann estimate of config / baseline over the runs, with its "
+        f"{confidence_text(conf)} from the {conf.test} test (recprof compare's gate) inverted; "
+        f"a config is recommended only when the interval's lower bound is above 1 (p < "
+        f"{conf.alpha_each:.3g}: {conf.alpha:g} shared by the {len(conf.candidates)} "
+        f"comparisons) and its quality (and memory) hold on its confirm runs. Noise: half the "
+        f"range of the baseline's confirm runs over their median ({conf.noise_text} here).")
+    table = Table(
+        columns=[Column(c, numeric=c in ("median", "p")) for c in CONFIRM_COLUMNS],
+        rows=[[Cell(text, css="num" if i in (3, 4, 5) else "") for i, text in enumerate(row)]
+              for row in confirm_rows(conf)],
+        css="confirm", sortable=False)
+    return Section("confirm", title, [Paragraph(note, css="muted"), table])
 
 
 def _baseline_diagnosis(base: TrialRow | None, start: Path) -> Section:
@@ -207,7 +266,11 @@ def _trial_row(
         Cell(str(t.number), sort=t.number),
         Cell(status),
         Cell(knobs_text(rec.knobs or t.params), css="name"),
-        *(_samples_cell(x) for x in (value, rec.predicted, rec.refitted)),
+        _samples_cell(value),
+        Cell(memory_text(rec.memory.peak_bytes) if rec.memory else "",
+             sort=rec.memory.peak_bytes if rec.memory else None,
+             sub=rec.memory.largest.what if rec.memory else None, css="num"),
+        *(_samples_cell(x) for x in (rec.predicted, rec.refitted)),
         Cell(
             "" if value is None or not base_value else f"{value / base_value:.2f}x",
             sort=value / base_value if value is not None and base_value else None,
@@ -242,6 +305,7 @@ def _all_trials(rows: list[TrialRow], base: TrialRow | None, start: Path) -> Sec
                     Column("status"),
                     Column("config"),
                     Column("samples/s", True),
+                    Column("peak memory / rank", True),
                     Column("predicted", True),
                     Column("re-fitted", True),
                     Column("vs baseline", True),
@@ -271,6 +335,7 @@ def tuning_part(
     figs: dict[str, Any] = {}
     sections = [
         _best_vs_baseline(rec, sum(r.ran for _, r in rows), len(rows)),
+        _confirmation(rec),
         _baseline_diagnosis(base, start),
         _pruned(study),
         _prior(study, rows),

@@ -11,6 +11,7 @@ one made here from the traces) is read as the typed document and what the tuner 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -26,7 +27,8 @@ from recprof.analysis import analyze_paths, load_analysis_json
 from recprof.errors import RecprofError
 from recprof.nestpipe.summary import METRICS_FILE, SUMMARY_FILE, SUMMARY_SCHEMA, read_summary
 from recprof.runfolder import layout
-from tuner.record import Pace, Status, TrialAnalysis
+from tuner.memory import read_peaks, trial_env
+from tuner.record import Pace, PeakMemory, Status, TrialAnalysis
 
 _TAIL_BYTES = 20_000
 _KILL_GRACE_S = 5.0
@@ -87,6 +89,9 @@ class TrialOutcome:
     analysis_error: str | None = None
     report: str | None = None
     pace: Pace | None = None  # None when the trainer wrote no step lines
+    memory: PeakMemory | None = None  # None when no rank reported its peak
+    #: samples/s of each step after warm-up, from the trainer's step log (empty without one)
+    step_rates: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -115,6 +120,28 @@ def unprofiled_throughput(capture_dir: Path, global_batch: int) -> tuple[float, 
     steps = timed_steps(layout.read_step_log(capture_dir, 0), unprofiled=True)
     mean_s = sum(s.job_s for s in steps) / len(steps) if steps else 0.0
     return (global_batch / mean_s, len(steps)) if mean_s > 0 else None
+
+
+def steady_step_rates(trial_dir: Path, summary: dict[str, Any]) -> list[float]:
+    """Samples/s of each step the trainer's throughput counts (its step log's lines from
+    `warmup_steps` on, as its summary resolved the config): the per-step measurements that
+    the confirmation runs are timed by. Empty when the trainer wrote no step log."""
+    warmup = (summary.get("config") or {}).get("warmup_steps", 0)
+    rates = []
+    try:
+        lines = (trial_dir / METRICS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            step = json.loads(line)
+            wall, samples = float(step["wall_s"]), float(step.get("samples") or 0)
+            number = int(step["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if number >= int(warmup or 0) and wall > 0 and samples > 0:
+            rates.append(samples / wall)
+    return rates
 
 
 def capture_argv(capture_dir: Path, window: Sequence[str], argv: Sequence[str]) -> list[str]:
@@ -193,9 +220,10 @@ class ProcessEnd:
 
 def run_process(
     argv: Sequence[str], trial_dir: Path, timeout_s: float | None,
-    watchdog: Watchdog | None = None,
+    watchdog: Watchdog | None = None, env: dict[str, str] | None = None,
 ) -> ProcessEnd:
-    """Run argv in its own session, logs in trial_dir, watching `trial_dir/metrics.jsonl`.
+    """Run argv in its own session (in `env`, else this process' environment), logs in
+    trial_dir, watching `trial_dir/metrics.jsonl`.
 
     It is ended (every process of its session) after `timeout_s`, or as soon as `watchdog`
     finds it stalled. On KeyboardInterrupt the whole group is ended before the interrupt
@@ -208,7 +236,8 @@ def run_process(
     lines, first_s, last_s, slowest = 0, None, 0.0, 0.0
     ended = None
     with (trial_dir / "stdout.log").open("wb") as out, (trial_dir / "stderr.log").open("wb") as err:
-        proc = subprocess.Popen(list(argv), stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=err, start_new_session=True,
+                                env=env)
         try:
             while True:
                 try:
@@ -349,22 +378,24 @@ class TrialRunner:
         capture = self.capture if capture is None else capture and self.capture
         capture_dir = trial_dir / "capture"
         full = capture_argv(capture_dir, self.window, argv) if capture else list(argv)
-        end = run_process(full, trial_dir, self.timeout_s, self.watchdog)
+        end = run_process(full, trial_dir, self.timeout_s, self.watchdog, trial_env(trial_dir))
         rc, wall = end.returncode, end.wall_s
+        memory = read_peaks(trial_dir)
         log = _tail(trial_dir / "stderr.log") + "\n" + _tail(trial_dir / "stdout.log")
         if end.ended is not None:
             return TrialOutcome(Status.TIMEOUT, f"{end.ended}; all processes ended", wall, None,
-                                pace=end.pace)
+                                pace=end.pace, memory=memory)
         if rc != 0:
             status, reason = classify_failure(rc, log)
-            return TrialOutcome(status, reason, wall, rc, pace=end.pace)
+            return TrialOutcome(status, reason, wall, rc, pace=end.pace, memory=memory)
         summary = read_summary(trial_dir / SUMMARY_FILE)
         if summary is None:
             return TrialOutcome(
                 Status.NO_SUMMARY, f"exit 0 but no valid {SUMMARY_SCHEMA} {SUMMARY_FILE}", wall, rc,
-                pace=end.pace,
+                pace=end.pace, memory=memory,
             )
-        outcome = TrialOutcome(Status.OK, None, wall, rc, summary=summary, pace=end.pace)
+        outcome = TrialOutcome(Status.OK, None, wall, rc, summary=summary, pace=end.pace,
+                               memory=memory, step_rates=steady_step_rates(trial_dir, summary))
         if capture:
             outcome.analysis, outcome.analysis_error, outcome.report = analyse_capture(
                 capture_dir, trial_dir

@@ -45,11 +45,15 @@ class SearchSpace:
     enqueue: list[Knobs] = field(default_factory=list)
 
     def baseline(self, base_config: Mapping[str, Any]) -> Knobs:
-        """The synchronous fp32 baseline; other searched keys keep the base config's value."""
+        """The synchronous fp32 baseline; other searched keys keep the base config's value, and
+        a key the space fixes (one choice) runs at that value in the baseline too, as in every
+        other trial (else the baseline alone would run another job)."""
         knobs: Knobs = {}
         for name, options in self.choices.items():
             if name in BASELINE:
                 knobs[name] = BASELINE[name]
+            elif len(options) == 1:
+                knobs[name] = options[0]
             elif name in base_config:
                 knobs[name] = base_config[name]
             else:

@@ -39,7 +39,8 @@ from recprof.nestpipe.knobs import (
     knobs_key,
     knobs_label,
 )
-from tuner import figures
+from tuner import confirm, figures
+from tuner.memory import memory_constraint, memory_note
 from tuner.prior import Prior, build_prior
 from tuner.progress import TuneProgress
 from tuner.pruning import prune_knobs
@@ -53,6 +54,7 @@ from tuner.record import (
     is_answer,
     is_baseline,
     is_run,
+    quality,
 )
 from tuner.report import write_tuning_report
 from tuner.runner import (
@@ -99,6 +101,16 @@ class TuneSettings:
     heartbeat_s: int = HEARTBEAT_S
     #: The captured job this study's base config mirrors (`recprof tune --like`), if any.
     mirrors: str | None = None
+    #: That job's framework and device kind (the analysis' names), so the recommendation can
+    #: be said in the job's own terms (recprof/analysis/frameworks.py).
+    mirror_framework: str | None = None
+    mirror_device_kind: str | None = None
+    #: Largest peak memory per rank (bytes) a config may use; above it a trial is infeasible.
+    memory_limit: int | None = None
+    #: Confirmation after the search (tuner/confirm.py): rounds (None: the default, 0: none)
+    #: and how many of the best configs are re-run against the baseline (None: the default).
+    confirm_rounds: int | None = None
+    confirm_top: int | None = None
 
 
 @dataclass
@@ -132,18 +144,6 @@ def _job_identity(base: Mapping[str, Any], launch: Launch) -> dict[str, Any]:
     }
 
 
-def quality(summary: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[str, float] | None:
-    """(metric, loss against the baseline; positive = worse) from two trainer summaries.
-
-    Eval AUC is preferred (higher is better); eval loss and final training loss are fallbacks.
-    """
-    for metric, sign in (("eval_auc", -1.0), ("eval_loss", 1.0), ("final_loss", 1.0)):
-        a, b = summary.get(metric), base.get(metric)
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            return metric, sign * (float(a) - float(b)) + 0.0  # no -0.0
-    return None
-
-
 class Tuner:
     """One worker on one study. Several workers may share a study through its storage."""
 
@@ -155,6 +155,10 @@ class Tuner:
         if settings.capture not in CAPTURE_MODES:
             raise RecprofError(f"--capture {settings.capture!r}: expected "
                                f"{', '.join(CAPTURE_MODES[:-1])} or {CAPTURE_MODES[-1]}")
+        self.confirm_rounds = (confirm.DEFAULT_ROUNDS if settings.confirm_rounds is None
+                               else settings.confirm_rounds)
+        self.confirm_top = settings.confirm_top or confirm.default_top(settings.trials)
+        confirm.check_rounds(self.confirm_rounds, self.confirm_top)
         self.s = settings
         self.console = console
         self.out = settings.out.resolve()
@@ -197,6 +201,8 @@ class Tuner:
         """Refuse to mix job shapes in one study: their throughputs are not comparable."""
         ident = _job_identity(self.base, self.launch)
         stored = StudyRecord.load(self.study).job
+        StudyRecord(memory_limit=self.s.memory_limit, mirror_framework=self.s.mirror_framework,
+                    mirror_device_kind=self.s.mirror_device_kind).save(self.study)
         if stored is None:
             StudyRecord(job=ident, objective=OBJECTIVE, mirrors=self.s.mirrors).save(self.study)
         elif stored != ident:
@@ -259,9 +265,7 @@ class Tuner:
     def _after_baseline(self, baseline: FrozenTrial) -> dict[str, Any]:
         """Decide pruning from the baseline's analysis once; queue the space file's configs;
         size the hung-trial watchdog from the baseline's pace."""
-        pace = TrialRecord.load(baseline).pace
-        if pace is not None and self.runner.watchdog is None:
-            self.runner.watchdog = Watchdog(pace, pace.steps)
+        self._arm_watchdog(baseline)
         if StudyRecord.load(self.study).pruned_knobs is None:
             analysis = TrialRecord.load(baseline).analysis
             pruned = prune_knobs(analysis.numbers if analysis else None, self.space.searched())
@@ -280,6 +284,12 @@ class Tuner:
         if StudyRecord.load(self.study).prior_basis is None:
             self._predict_candidates(baseline, fixed)
         return fixed
+
+    def _arm_watchdog(self, baseline: FrozenTrial) -> None:
+        """Size the hung-trial watchdog from the baseline's pace, once."""
+        pace = TrialRecord.load(baseline).pace
+        if pace is not None and self.runner.watchdog is None:
+            self.runner.watchdog = Watchdog(pace, pace.steps)
 
     def _predict_candidates(self, baseline: FrozenTrial, fixed: Mapping[str, Any]) -> None:
         """Predict every candidate from the baseline's capture, once per study."""
@@ -379,6 +389,7 @@ class Tuner:
         rec.status = outcome.status
         rec.wall_s = round(outcome.wall_s, 3)
         rec.pace = outcome.pace
+        rec.memory = outcome.memory
         prior = self._prior()
         if prior is not None:
             rec.predicted = prior.predicted.get(knobs_key(knobs))
@@ -420,6 +431,10 @@ class Tuner:
         elif is_lossy(knobs):
             constraint = 1.0
             rec.reason = "lossy config but no quality metric to bound it"
+        if self.s.memory_limit is not None:
+            trial.set_constraint("memory", memory_constraint(rec.memory, self.s.memory_limit))
+            note = memory_note(rec.memory, self.s.memory_limit)
+            rec.reason = "; ".join(n for n in (rec.reason, note) if n) or None
         rec.save(trial)
         trial.set_constraint("quality", constraint)
         self.study.tell(trial, rec.throughput)
@@ -524,6 +539,31 @@ class Tuner:
             if not outcome.ok and is_baseline(trial):
                 self._ensure_baseline()  # raises with the baseline's failure reason
 
+    # -- confirmation ----------------------------------------------------------------------------
+
+    def confirm(self) -> None:
+        """Re-run the search's best few configs and the baseline, interleaved, to tell whether
+        the best beats the baseline beyond the noise (tuner/confirm.py). Ctrl-C propagates
+        with every finished confirm run stored."""
+        wanted = confirm.plan(self.study, self.confirm_rounds, self.confirm_top)
+        if wanted is None:
+            return
+        baseline = baseline_of(self.study)
+        if baseline is not None:
+            self._arm_watchdog(baseline)
+        self.console.print(f"confirming: {confirm.describe_plan(wanted)}", highlight=False)
+        ctx = confirm.ConfirmContext(
+            study=self.study, out=self.out, worker=self.workers.me,
+            trial_timeout=self.s.trial_timeout, run=self._confirm_run,
+            say=lambda line: self.console.print(escape(line), highlight=False))
+        confirm.run_confirmation(ctx, wanted)
+
+    def _confirm_run(self, knobs: Knobs, folder: Path) -> TrialOutcome:
+        """One confirm run: the config as a trial would run it, never profiled."""
+        config_path = write_config(trial_config(self.base, knobs), folder / "config.yaml")
+        return self.runner.run(self.launch.trainer_argv(config_path, folder), folder,
+                               capture=False)
+
     def _best_line(self) -> str:
         base = baseline_of(self.study)
         try:
@@ -582,6 +622,14 @@ def run_tuning(settings: TuneSettings, console: Console | None = None) -> TuneOu
         outcome.stop_reason, outcome.interrupted = tuner.run(progress)
     outcome.runs = tuner.runs_done()
     console.print(f"stopped: {outcome.stop_reason}", highlight=False)
+    if not outcome.interrupted:
+        try:
+            with _sigterm_as_interrupt():
+                tuner.confirm()
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+            console.print("interrupted during the confirmation; run the same command again to "
+                          "continue it", highlight=False)
     rec = recommend(tuner.study, tuner.base, tuner.launch, settings.quality_tolerance)
     outcome.recommendation = rec
     if rec is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from recprof.errors import RecprofError
-from recprof.nestpipe.config import read_config_file
+from recprof.nestpipe.config import read_config_file, sample_group
 from recprof.nestpipe.knobs import JobShape
 
 # Config keys that may hold the embedding dimension (reshape k must divide it); the contract
@@ -42,7 +42,8 @@ def job_shape(config: Mapping[str, Any], world_size: int) -> JobShape:
                 f"batch_size={batch} (global) does not divide by the world size {world_size}"
             )
     dim = next((config[k] for k in _EMBEDDING_DIM_KEYS if isinstance(config.get(k), int)), None)
-    return JobShape(world_size=world_size, global_batch=batch, embedding_dim=dim)
+    return JobShape(world_size=world_size, global_batch=batch, embedding_dim=dim,
+                    sample_group=sample_group(config))
 
 
 def trial_config(base: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:

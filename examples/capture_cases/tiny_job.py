@@ -62,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-step", type=int, default=-1)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--start-sleep", type=float, default=0.0,
+                        help="seconds to sleep before the first step (a slow start-up)")
     parser.add_argument("--slow-steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
     parser.add_argument("--slow-step-sleep", type=float, default=0.0)
     parser.add_argument("--slow-from", type=int, default=-1)
@@ -137,6 +139,7 @@ def main() -> None:
     torch.manual_seed(0)
     planted = PlantedSlowdown(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
     model = DistributedDataParallel(planted)
+    time.sleep(args.start_sleep)
     tops: list[float] = []  # when each iteration started
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
     helper = ThreadPoolExecutor(1, thread_name_prefix="prepare") if args.prepare_thread else None

@@ -99,9 +99,11 @@ def collective_records(trace: RankTrace, unions: ClassUnions, windows: list[Wind
         # A collective belongs to the step that issued it: the host's launch time is ordered
         # the same way on every rank, while device start times drift with each rank's lag.
         issued = np.where(np.isnan(acts.launch[idx]), acts.start[idx], acts.launch[idx])
-        bounds = np.array([w.start for w in windows] + [windows[-1].end])
-        which = np.searchsorted(bounds, issued, side="right") - 1
-        inside = (which >= 0) & (which < len(windows)) & (issued < bounds[-1])
+        # Windows need not be contiguous: an outlier step left out leaves a hole.
+        starts = np.array([w.start for w in windows])
+        ends = np.array([w.end for w in windows])
+        which = np.searchsorted(starts, issued, side="right") - 1
+        inside = (which >= 0) & (issued < ends[np.maximum(which, 0)])
         idx, which = idx[inside], which[inside]
     else:
         idx, which = idx[:0], idx[:0]

@@ -11,10 +11,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof import terminal, units
+from recprof.analysis.diagnosis import prediction_text
 from recprof.analysis.executors import DASK_INSTALL_HINT
-from recprof.analysis.frameworks import framework_line
+from recprof.analysis.frameworks import framework_line, knobs_on_line
 from recprof.analysis.inputs import analyze_with_progress
 from recprof.analysis.model import AnalysisResult, JobAnalysis
+from recprof.analysis.stages import waiting_note
 from recprof.errors import RecprofError
 from recprof.hang.model import HangDiagnosis
 from recprof.hang.text import render as render_hang
@@ -95,7 +97,7 @@ def _pct(part: float, whole: float) -> str:
 #: The summary tables' headers (tests check a CI log shows each whole at 80 columns).
 BREAKDOWN_COLUMNS = ("rank", "ms/step", "compute", "exp.comm", "hid.comm", "exp.H2D", "other",
                      "idle", "wait")
-STAGE_COLUMNS = ("stage", "ms/step", "% of step", "exposed ms", "exposed %")
+STAGE_COLUMNS = ("stage", "ms/step", "% of step", "exposed ms", "exposed %", "waiting ms")
 COLLECTIVE_COLUMNS = ("kind", "carries", "group", "n", "ms", "exp.ms", "bytes")
 
 #: Rows printed at most; everything is in --json and the report.
@@ -124,9 +126,14 @@ def _print_job(job: JobAnalysis, console: Console) -> None:
              + (f" ({', '.join(job.device_names)})" if job.device_names else ""))
     steps = (f"steps {job.steps_analysed[0]}-{job.steps_analysed[-1]}" if job.steps_analysed
              else "no ProfilerStep annotations")
+    if job.outlier_steps:
+        steps += " (outliers left out: " + ", ".join(
+            str(o.number) for o in job.outlier_steps) + ")"
     console.print(f"[bold]job {escape(job.id)}[/]: {escape(shape)}, {steps}", highlight=False)
     console.print(f"  {escape(framework_line(job.framework, job.framework_evidence))}",
                   highlight=False)
+    if job.knobs_on:
+        console.print(f"  {escape(knobs_on_line(job.knobs_on))}", highlight=False)
     if job.run is not None and job.run.window_warning:
         console.print(f"  [yellow]window:[/] {escape(job.run.window_warning)}", highlight=False)
     _print_breakdown(job, console)
@@ -173,13 +180,19 @@ def _print_stages(job: JobAnalysis, console: Console) -> None:
         return
     step = job.per_step.step
     table = terminal.table(STAGE_COLUMNS, left=("stage",))
+    notes = []
     for name, stage in job.stages.items():
         table.add_row(name, units.ms_cell(stage.time_us_per_step),
                       _pct(stage.time_us_per_step, step), units.ms_cell(stage.exposed_us_per_step),
-                      _pct(stage.exposed_us_per_step, step))
+                      _pct(stage.exposed_us_per_step, step),
+                      units.ms_cell(stage.waiting_us_per_step) + (
+                          "!" if (note := waiting_note(stage, job.skew)) else ""))
+        if note:
+            notes.append(f"{name}: {note}")
     terminal.print_table(console, table, (
         "Recsys stages, mean over ranks; they overlap in a pipelined job, so they need not add "
-        "up to the step (docs/analysis.md, Stages)"))
+        "up to the step (docs/analysis.md, Stages); waiting = of the exposed time, its "
+        "collectives waiting for later ranks" + ("; ! " + "; ".join(notes) if notes else "")))
 
 
 def _print_collectives(job: JobAnalysis, console: Console) -> None:
@@ -212,6 +225,12 @@ MAX_FINDINGS_SHOWN = 3
 def _print_findings(job: JobAnalysis, console: Console) -> None:
     """The verdict, then each finding: what it costs, the knobs, the commands."""
     console.print(f"  [bold]verdict:[/] {escape(job.verdict)}", highlight=False)
+    for outlier in job.outlier_steps:
+        console.print(f"  [bold]outlier[/], left out of every per-step figure: "
+                      f"{escape(outlier.text)}", highlight=False)
+    varying = next((r.steps_vary for r in job.ranks if r.steps_vary), None)
+    if varying:
+        console.print(f"  [yellow]steps:[/] {escape(varying)}", highlight=False)
     for i, f in enumerate(job.findings, start=1):
         gain = (f"up to {units.duration(f.recoverable_us_per_step)} per step "
                 f"({100 * f.recoverable_fraction:.0f}% of the step)"
@@ -223,6 +242,8 @@ def _print_findings(job: JobAnalysis, console: Console) -> None:
                       highlight=False)
         for line in f.evidence:
             console.print(f"     - {escape(line)}", highlight=False)
+        if predicted := prediction_text(f):
+            console.print(f"     {escape(predicted)}", highlight=False)
         if f.knobs:
             console.print(f"     knobs: {escape(', '.join(f.knobs))}", highlight=False)
         for command in f.commands:

@@ -21,7 +21,7 @@ from recprof.analysis.model import DevicePrices, DeviceWork
 from recprof.analysis.stages import Attribution
 from recprof.analysis.windows import Window
 from recprof.trace.devices import facts
-from recprof.trace.model import ActivityClass, RankTrace
+from recprof.trace.model import ActivityClass, HostCall, RankTrace
 from recprof.trace.vocabulary import STAGES
 
 #: The stages micro-batching runs once per micro-batch (decode, dense forward and backward,
@@ -72,7 +72,8 @@ def rank_device_work(trace: RankTrace, windows: list[Window], attribution: Attri
             samples.launch_gaps_us += np.diff(launches).tolist()
         gaps = samples.launch_gaps_us
         floor = float(np.median(gaps)) if gaps else float("nan")
-        waits = trace.host_waits
+        calls = trace.host_calls
+        waits = calls.select(calls.role == HostCall.SYNC) if calls.role is not None else calls
         blocked = sum(min(end, w.end) - max(start, w.start)
                       for start, end in zip(waits.start.tolist(), waits.end.tolist(), strict=True)
                       for w in windows if start < w.end and end > w.start) / steps

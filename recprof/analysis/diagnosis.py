@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from recprof import units
-from recprof.analysis import idle
+from recprof.analysis import host_activity, idle
 from recprof.analysis.frameworks import (
+    ALLOCATOR,
     BALANCE,
     DATA,
     DENSE_COMM,
@@ -35,16 +36,21 @@ from recprof.analysis.frameworks import (
     FEWER_REDUCTIONS,
     H2D,
     HELD,
+    HOST_WORK,
     LATE_RANK,
     LAUNCH,
     LOCALITY,
     OVERLAP,
     REMEDIES,
     SHRINK,
+    SYNC,
+    UNRECORDED,
     nestpipe_config,
+    next_precision,
     remedy,
+    wire_precision_on,
 )
-from recprof.analysis.model import CollectiveStats, Finding, IssueOrder, SharedDevice
+from recprof.analysis.model import CollectiveStats, Finding, IssueOrder, KnobOn, SharedDevice
 from recprof.nestpipe.knobs import searched_by_default
 from recprof.trace.devices import of_document as device_facts
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
@@ -94,6 +100,9 @@ KEY_PURPOSES = frozenset({"kjt_splits", "kjt_lengths", "kjt_values", "key_routin
 #: Idle-gap causes that mean "the host did not feed the device" (analysis vocabulary).
 DATA_CAUSES = frozenset({"data_loading"})
 LAUNCH_CAUSES = frozenset({"host_bound_launch"})
+#: On a CPU run the main thread is the device: its time between ops (in no op, or inside a
+#: label) is host overhead, with the launch causes.
+CPU_OVERHEAD_CAUSES = frozenset({"host_bound_launch", "host_ops", "no_op"})
 #: Idle-gap causes that mean "launched work sat held on the device by something outside the
 #: rank" (another process on the same device).
 HELD_CAUSES = frozenset({"device_held"})
@@ -161,6 +170,7 @@ class JobFacts:
     blocking_wait_us_per_step_by_rank: dict[int, float] = field(default_factory=dict)
     straggler_rule: str = ""
     straggler_cause: str = ""
+    straggler_cause_kind: str = ""
     #: Per collective kind, per step, mean over ranks (see SkewAnalysis).
     blocking_wait_by_kind: dict[str, float] = field(default_factory=dict)
     blocking_transfer_by_kind: dict[str, float] = field(default_factory=dict)
@@ -189,6 +199,11 @@ class JobFacts:
     late_peer_cost_us_per_step: float = 0.0
     late_peer_rule: str = ""
     late_peer_blocking_by_kind: dict[str, float] = field(default_factory=dict)
+    #: Per idle-cause group, what the host was in during the largest gaps of that cause
+    #: (`cudaMalloc 84 ms, cudaFree 52 ms`), for the evidence.
+    host_detail: dict[str, str] = field(default_factory=dict)
+    #: Settings the trace shows on (frameworks.knobs_on): no finding proposes them again.
+    knobs_on: list[KnobOn] = field(default_factory=list)
 
     @property
     def step_us(self) -> float:
@@ -251,7 +266,7 @@ def tune_command(facts: JobFacts, mechanisms: Iterable[str]) -> str | None:
 
 def _remedies(facts: JobFacts, *mechanisms: str) -> tuple[list[str], str]:
     """The knobs (in the job's framework, deduplicated) and the advice for `mechanisms`."""
-    found = [remedy(facts.framework, m, facts.device_kind) for m in mechanisms]
+    found = [remedy(facts.framework, m, facts.device_kind, facts.knobs_on) for m in mechanisms]
     knobs = list(dict.fromkeys(k for r in found for k in r.knobs))
     return knobs, " ".join(dict.fromkeys(r.advice for r in found if r.advice))
 
@@ -359,7 +374,10 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
     free_compute = max(facts.mean("compute_us") - facts.mean("hidden_comm_us"), 0.0)
     overlap_gain = min(transfer, free_compute)
     payload = _payload_share(facts.exposed_embedding_by_purpose)
-    qcomms_gain = QCOMMS_BF16_SAVING * transfer * payload
+    current = wire_precision_on(facts.knobs_on)
+    narrower = next_precision(facts.framework, facts.device_kind, current)
+    # Each narrower precision halves the bytes of the embeddings and gradients it carries.
+    qcomms_gain = QCOMMS_BF16_SAVING * transfer * payload if narrower is not None else 0.0
     recoverable = max(overlap_gain, qcomms_gain)
     names = " and ".join(_kind_words(k) for k in kinds)
     per_rank = [r.exposed_comm_us / r.step_us for r in facts.ranks if r.step_us > 0]
@@ -377,13 +395,18 @@ def rule_exposed_embedding_comm(facts: JobFacts) -> Finding | None:
     carried = _purpose_evidence(facts.exposed_embedding_by_purpose, exposed)
     if carried:
         evidence.insert(1, carried)
-    shrink = ("sending it in 16 bits halves the bytes" if payload == 1.0 else
-              f"sending embeddings and gradients in 16 bits halves their bytes ({payload:.0%} of "
+    bits = "16 bits" if narrower in (None, "bf16") else f"{narrower}"
+    shrink = (f"sending it in {bits} halves the bytes" if payload == 1.0 else
+              f"sending embeddings and gradients in {bits} halves their bytes ({payload:.0%} of "
               f"the exposed time; keys and splits stay as they are)")
+    if current is not None:
+        shrink = (f"{current} is on already (codec labels)" + (
+            f"; {shrink}" if narrower is not None else ": no narrower wire format is left"))
     estimate = (
         f"overlapping it with dense compute can hide up to {_ms(overlap_gain)} per step (the "
-        f"exposed time, capped by free compute); {shrink}, about {_ms(qcomms_gain)}; the "
-        f"larger of the two is counted"
+        f"exposed time, capped by free compute); {shrink}"
+        + (f", about {_ms(qcomms_gain)}; the larger of the two is counted"
+           if narrower is not None else "")
     )
     return _finding(
         facts, id="exposed_embedding_comm",
@@ -450,8 +473,8 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
                         + ", ".join(f"rank {r} {_ms(w)}" for r, w in blocking))
     cause = facts.straggler_cause or "not evident from the trace"
     evidence.append(f"why rank {s} is late: {cause}")
-    data_cause = cause.startswith("data loading")
-    mechanisms = (DATA, BALANCE) if data_cause else (BALANCE,)
+    # Re-sharding is advice for a slower lookup only; other causes have their own knobs.
+    mechanisms = (_LATENESS_MECHANISMS.get(facts.straggler_cause_kind, LATE_RANK),)
     return _finding(
         facts, id="straggler", title=f"Rank {s} is a straggler",
         headline=(f"rank {s} makes the others wait {_ms(cost)} per step "
@@ -461,6 +484,23 @@ def rule_straggler(facts: JobFacts) -> Finding | None:
                   f"wait rank {s} causes, as the mean over the ranks that wait"),
         recoverable_us=cost, mechanisms=mechanisms,
     )
+
+
+#: The idle-cause group of each kind of cause of a rank's lateness that is a host activity.
+_CAUSE_OF_KIND = {
+    host_activity.ALLOCATOR: "allocator", host_activity.HOST_SYNC: "host_sync",
+    host_activity.HOST_OPS: "host_ops", host_activity.NO_OP: "no_op",
+}
+#: The knobs for each kind of cause of a rank's lateness (skew.py `_lateness_cause`).
+_LATENESS_MECHANISMS = {
+    "lookup": BALANCE,
+    host_activity.DATA_LOADING: DATA,
+    host_activity.ALLOCATOR: ALLOCATOR,
+    host_activity.HOST_SYNC: SYNC,
+    host_activity.HOST_BOUND_LAUNCH: LAUNCH,
+    host_activity.HOST_OPS: HOST_WORK,
+    host_activity.NO_OP: UNRECORDED,
+}
 
 
 def rule_late_peer(facts: JobFacts) -> Finding | None:
@@ -560,54 +600,125 @@ def rule_exposed_h2d(facts: JobFacts) -> Finding | None:
 
 def rule_host_idle(facts: JobFacts) -> Finding | None:
     """The device sits idle because the host is late: data loading or kernel launch (on a CPU
-    run, the main thread's own overhead between ops: there is no device to launch on)."""
+    run, the main thread's own time between ops: there is no device to launch on).
+
+    Each cause is priced on its own: a finding is about the causes that pass the thresholds
+    (both together only where neither alone does), so the main thread's DataLoader waits on a
+    CPU run are never counted as its overhead between ops, nor the other way round."""
     step = facts.step_us
-    data = _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in DATA_CAUSES)
-                 for r in facts.ranks)
-    launch = _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in LAUNCH_CAUSES)
-                   for r in facts.ranks)
-    host = data + launch
-    floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)  # what a cause must reach to count
-    if host < floor:
-        return None
     device = device_facts(facts.device_kind)
     cpu = not device.queues_work  # the "device" is the thread itself: nothing is launched
+    causes = {
+        DATA: _mean(sum(v for k, v in r.idle_by_cause_us.items() if k in DATA_CAUSES)
+                    for r in facts.ranks),
+        LAUNCH: _mean(sum(v for k, v in r.idle_by_cause_us.items()
+                          if k in (CPU_OVERHEAD_CAUSES if cpu else LAUNCH_CAUSES))
+                      for r in facts.ranks),
+    }
+    floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * step)  # what a cause must reach to count
+    chosen = [m for m, us in causes.items() if us >= floor]
+    if not chosen:
+        if sum(causes.values()) < floor:
+            return None
+        chosen = [DATA, LAUNCH]  # neither alone passes, together they do
+    chosen.sort(key=lambda m: -causes[m])
+    host = sum(causes[m] for m in chosen)
     launch_words = "host overhead between ops" if cpu else "host-bound launch"
+    words = {DATA: "input data", LAUNCH: launch_words}
     idles = f"the {device.device} idles {_pct(host, step):.0f}% of the step ({_ms(host)} per step)"
-    # The smaller cause gets its own remedies too where it alone would pass the thresholds:
-    # a ResNet50 on V100 (kineto_tb_plugin 2021-01, num_workers=0) idled 58 ms per 214 ms
-    # step on launches and 47 ms on its DataLoader, and was told only about launches.
-    both = min(data, launch) >= floor
-    if both:
-        mechanisms = (DATA, LAUNCH) if data >= launch else (LAUNCH, DATA)
-        causes = sorted(((data, "input data"), (launch, launch_words)), reverse=True)
+    # Both causes get their remedies where both count: a ResNet50 on V100 (kineto_tb_plugin
+    # 2021-01, num_workers=0) idled 58 ms per 214 ms step on launches and 47 ms on its
+    # DataLoader, and was told only about launches.
+    if len(chosen) == 2:
         title = ("Main thread waiting for input data and between ops" if cpu else
                  f"{device.device} idle, waiting for input data and for the host to launch work")
         headline = f"{idles} on the host: " + " and ".join(
-            f"{words} {_ms(us)}" for us, words in causes)
-    elif data >= launch:
-        mechanisms = (DATA,)
-        title = f"{device.device.capitalize()} idle, waiting for input data"
+            f"{words[m]} {_ms(causes[m])}" for m in chosen)
+    elif chosen == [DATA]:
+        title = f"{device.device[:1].upper()}{device.device[1:]} idle, waiting for input data"
         headline = f"{idles} waiting for input data"
+    elif cpu:
+        title = "Host overhead between ops"
+        headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
+                    f"({_ms(host)} per step) between ops, in time no op recorded (Python and "
+                    "framework overhead, I/O or a GIL wait)")
     else:
-        mechanisms = (LAUNCH,)
-        if cpu:
-            title = "Host overhead between ops"
-            headline = (f"the main thread spends {_pct(host, step):.0f}% of the step "
-                        f"({_ms(host)} per step) between ops, in Python and framework overhead")
-        else:
-            title = f"{device.device} idle, waiting for the host to launch work"
-            headline = f"{idles} waiting for the host to launch work"
-    remedy_words = ("feeding the steps and cutting the host overhead" if both else
-                    "feeding the steps" if data >= launch else "cutting that overhead")
+        title = f"{device.device} idle, waiting for the host to launch work"
+        headline = f"{idles} waiting for the host to launch work"
+    remedy_words = ("feeding the steps and cutting the host overhead" if len(chosen) == 2 else
+                    "feeding the steps" if chosen == [DATA] else "cutting that overhead")
     return _finding(
         facts, id="host_idle", title=title, headline=headline,
         evidence=["idle per step, mean over ranks: " + ", ".join(
-            f"{words} {_ms(us)}" for words, us in (("data loading", data), (launch_words, launch))
-            if us > 0) + f" (all idle: {_ms(facts.mean('idle_us'))})"],
+            f"{label} {_ms(causes[m])}" for m, label in ((DATA, "data loading"),
+                                                         (LAUNCH, launch_words))
+            if causes[m] > 0) + f" (all idle: {_ms(facts.mean('idle_us'))})"],
         estimate=f"{remedy_words} recovers up to {_ms(host)} per step",
-        recoverable_us=host, mechanisms=mechanisms,
+        recoverable_us=host, mechanisms=tuple(chosen),
     )
+
+
+#: The host causes of idle time besides data loading and launches, on a device that queues
+#: work: (cause group, finding id, mechanism, title, what the host was doing).
+_HOST_CAUSE_RULES = (
+    ("allocator", "allocator_stall", ALLOCATOR,
+     "{Device} idle while the host is in the memory allocator",
+     "while the host is in the {device}'s caching allocator"),
+    ("host_sync", "host_sync", SYNC, "{Device} idle while the host waits for it",
+     "while the host waits for it in a synchronize or a synchronous copy"),
+    ("host_ops", "host_work", HOST_WORK,
+     "{Device} idle while the host runs CPU ops that launch nothing",
+     "while the thread that launches its work runs CPU ops that launch nothing"),
+    ("no_op", "unrecorded_host", UNRECORDED,
+     "{Device} idle while the host runs no recorded op",
+     "while the thread that launches its work runs no op the trace recorded (Python, I/O "
+     "or a GIL wait)"),
+)
+
+
+def _host_cause_rule(group: str, id: str, mechanism: str, title: str, doing: str
+                     ) -> Callable[[JobFacts], Finding | None]:
+    """A rule for one host cause of idle time on a device that queues work: the time each
+    rank's device idled while its launching thread was doing that (host_activity.py), as the
+    mean over ranks, with each rank's share and what the host was in."""
+    def rule(facts: JobFacts) -> Finding | None:
+        device = device_facts(facts.device_kind)
+        if not device.queues_work:
+            return None  # a CPU run's host time between ops is `rule_host_idle`'s
+        step = facts.step_us
+        per_rank = {r.rank: r.idle_by_cause_us.get(group, 0.0) for r in facts.ranks}
+        # A named straggler late for this very reason is the straggler finding's: what its
+        # own device idles meanwhile is the lateness that finding prices.
+        late = (facts.straggler_rank if facts.straggler_rank is not None
+                and _CAUSE_OF_KIND.get(facts.straggler_cause_kind) == group else None)
+        idle_us = _mean(us for r, us in per_rank.items() if r != late) * (
+            (len(per_rank) - (late is not None)) / max(len(per_rank), 1))
+        if idle_us < max(IDLE_MIN_US, IDLE_MIN_FRACTION * step):
+            return None
+        words = {"device": device.device, "Device": device.device[:1].upper()
+                 + device.device[1:]}
+        evidence = ["idle per step, by rank: " + ", ".join(
+            f"rank {r} {_ms(us)}" for r, us in sorted(per_rank.items()))
+            + f" (all idle, mean over ranks: {_ms(facts.mean('idle_us'))})"]
+        if facts.host_detail.get(group):
+            evidence.append(f"what the host was in: {facts.host_detail[group]}")
+        if late is not None:
+            evidence.append(f"rank {late}'s is the straggler finding's (its lateness), not "
+                            "counted here")
+        return _finding(
+            facts, id=id, title=title.format(**words),
+            headline=(f"the {device.device} idles {_pct(idle_us, step):.0f}% of the step "
+                      f"({_ms(idle_us)} per step) {doing.format(**words)}"),
+            evidence=evidence,
+            estimate=f"taking that out of the step recovers up to {_ms(idle_us)} per step",
+            recoverable_us=idle_us, mechanisms=(mechanism,))
+    rule.__name__ = f"rule_{id}"
+    rule.__doc__ = f"The {device_facts('cuda').device} idles {doing}."
+    return rule
+
+
+rule_allocator_stall, rule_host_sync, rule_host_work, rule_unrecorded_host = (
+    _host_cause_rule(*spec) for spec in _HOST_CAUSE_RULES)
 
 
 def rule_collective_order(facts: JobFacts) -> Finding | None:
@@ -756,6 +867,10 @@ RULES: tuple[Callable[[JobFacts], Finding | None], ...] = (
     rule_collective_order,
     rule_shared_device,
     rule_queued_idle,
+    rule_allocator_stall,
+    rule_host_sync,
+    rule_host_work,
+    rule_unrecorded_host,
 )
 
 
@@ -768,6 +883,29 @@ def diagnose_facts(facts: JobFacts) -> list[Finding]:
 def diagnose(job: JobAnalysis) -> list[Finding]:
     """Findings for one analysed job, ranked by recoverable time per step."""
     return diagnose_facts(job_facts(job))
+
+
+def prediction_text(finding: Finding) -> str:
+    """`Predicted by recprof whatif (unprofiled step 13.5 ms now): micro_batches=2: 13.7 ms
+    (+1%); ...`, with what it means for the knobs: which to try first, or that none of them is
+    predicted to make this job faster (the finding's bound assumes a perfect overlap or the
+    full byte saving; the what-if prices this job's own step)."""
+    if not finding.predictions:
+        return ""
+    base = finding.predictions[0].base_us
+    parts = "; ".join(f"{k.knob}={k.value}: {_ms(k.step_us)} ({k.change:+.0%})"
+                      for k in finding.predictions)
+    text = f"Predicted by recprof whatif (unprofiled step {_ms(base)} now): {parts}"
+    if finding.prediction_note:
+        text += f", {finding.prediction_note}"
+    faster = [k for k in finding.predictions if k.step_us < base]
+    if not faster:
+        return text + ". None of these knobs is predicted to make this job faster."
+    slower = [k for k in finding.predictions if k.step_us >= base]
+    text += f". Try {faster[0].knob}={faster[0].value} first"
+    if slower:
+        text += ("; predicted no faster here: " + ", ".join(f"{k.knob}" for k in slower))
+    return text + "."
 
 
 def verdict(job: JobAnalysis, found: list[Finding]) -> str:
@@ -800,13 +938,18 @@ def verdict(job: JobAnalysis, found: list[Finding]) -> str:
 
 
 _CAUSE_GROUP = {
-    idle.DATA_LOADING: "data_loading",
-    idle.HOST_BOUND_LAUNCH: "host_bound_launch",
-    idle.HOST_OVERHEAD: "host_bound_launch",
-    idle.COLLECTIVE_WAIT: "collective",
+    host_activity.DATA_LOADING: "data_loading",
+    host_activity.HOST_BOUND_LAUNCH: "host_bound_launch",
+    host_activity.ALLOCATOR: "allocator",
+    host_activity.HOST_SYNC: "host_sync",
+    host_activity.HOST_OPS: "host_ops",
+    host_activity.NO_OP: "no_op",
+    host_activity.COLLECTIVE_WAIT: "collective",
     idle.COPY_WAIT: "copy",
     idle.DEVICE_HELD: "device_held",
     idle.STREAM_WAIT: "stream_wait",
+    # documents made before the host's activity was split: a CPU run's time between ops
+    "host overhead": "no_op",
 }
 
 
@@ -907,6 +1050,7 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         wait_us_per_step_by_rank=dict(skew.wait_us_per_step_by_rank),
         blocking_wait_us_per_step_by_rank=dict(skew.blocking_wait_us_per_step_by_rank),
         straggler_rule=skew.straggler_rule, straggler_cause=skew.straggler_cause,
+        straggler_cause_kind=skew.straggler_cause_kind,
         blocking_wait_by_kind=dict(skew.blocking_wait_us_per_step_by_kind),
         blocking_transfer_by_kind=dict(skew.blocking_transfer_us_per_step_by_kind),
         straggler_blocking_by_kind=dict(skew.straggler_blocking_us_per_step_by_kind),
@@ -918,8 +1062,28 @@ def job_facts(job: JobAnalysis) -> JobFacts:
         has_embedding_exchange=any(c.kind == "all_to_all" for c in job.collectives),
         issue_order=job.issue_order,
         shared_devices=list(job.shared_devices),
+        host_detail=_host_detail(job),
+        knobs_on=list(job.knobs_on),
         **_late_peer_facts(job),
     )
+
+
+#: Names shown per cause in a finding's "what the host was in" line.
+HOST_DETAIL_NAMES = 3
+
+
+def _host_detail(job: JobAnalysis) -> dict[str, str]:
+    """Per idle-cause group, what the host was in during the job's largest gaps of it: the
+    names the gaps give (the call or op of that cause), longest first, with their time."""
+    weights: dict[str, dict[str, float]] = {}
+    for rank in job.ranks:
+        for gap in rank.idle_gaps.largest:
+            if gap.detail:
+                by_name = weights.setdefault(idle_cause_group(gap.cause), {})
+                by_name[gap.detail] = by_name.get(gap.detail, 0.0) + gap.dur_us - gap.queued_us
+    return {group: ", ".join(f"{name} ({_ms(us)} of the largest gaps)" for name, us in
+                             sorted(names.items(), key=lambda kv: -kv[1])[:HOST_DETAIL_NAMES])
+            for group, names in weights.items()}
 
 
 def _late_peer_facts(job: JobAnalysis) -> dict[str, object]:

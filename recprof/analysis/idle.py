@@ -8,10 +8,10 @@ long (a pageable copy stages the data in it, a kernel module is loaded lazily on
 launch), and until then the host is still issuing the work.
 
 - Until the launch returned, plus the latency this trace shows for unhindered launches
-  (`launch_latency`), the host had not issued the work: the host part. Its cause is read from
-  what the host was doing, in this order of evidence: data loading (a DataLoader `__next__`
-  covers most of it) > waiting on a collective (a collective or wait op covers most of it) >
-  host-bound launch.
+  (`launch_latency`), the host had not issued the work: the host part. It is split by what the
+  thread that launched the work was doing then (recprof/analysis/host_activity.py): in the
+  memory allocator, waiting for the device, loading data, launching, in a collective, in CPU
+  ops that launch nothing, or in no op the trace recorded at all.
 - After that the work sat queued: the queued part. Work queued behind a stream wait
   (Kineto's `cuda_sync` "Stream Wait Event", recorded when capture turns the sync events on)
   could not start before the work it waits for ended: that stretch is waiting on another
@@ -21,8 +21,8 @@ launch), and until then the host is still issuing the work.
   gap whose work was queued before it began is the device handing over between dependent
   works; it keeps the cause the work's class gives (a collective, a copy) as before.
 
-A CPU run's "device" is its main thread: nothing queues, and a gap is host overhead inside the
-innermost op the thread was in (or unattributed).
+A CPU run's "device" is its main thread: nothing queues, and a gap is split by what that thread
+was doing in it, the same way (a DataLoader wait is data loading, on a CPU as on a GPU).
 """
 
 from __future__ import annotations
@@ -32,17 +32,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from recprof.analysis.breakdown import ClassUnions
-from recprof.analysis.intervals import IntervalSet
+from recprof.analysis.host_activity import (
+    ACTIVITIES,
+    COLLECTIVE_WAIT,
+    HOST_BOUND_LAUNCH,
+    NO_OP,
+    HostActivity,
+)
 from recprof.analysis.model import IdleGap, IdleGapSummary
 from recprof.analysis.windows import Window
 from recprof.trace.devices import facts
-from recprof.trace.model import ActivityClass, HostSpans, RankTrace
+from recprof.trace.model import ActivityClass, RankTrace
 
 LARGEST_GAPS_KEPT = 20
-COVER_FRACTION = 0.5  # a host span explains a gap when it covers at least half of it
-#: Gaps given a host-side cause (a scan of the host spans each); the small remainder of a trace
-#: with more gaps is booked as unattributed. The queued parts of every gap are split anyway.
-EXPLAINED_GAPS = 2000
 #: Launches into an idle device start within this factor of the fastest tenth of them after
 #: the call returns when nothing holds them (one H100 alone, gpu/one_gpu: 10th percentile
 #: 1.0 us, median 1.7 us, 90th 2.2 us); behind another process's time slice 85% of them wait
@@ -51,39 +53,13 @@ UNHINDERED_SPREAD = 3.0
 #: Launch latencies needed to measure it; with fewer, none is added.
 MIN_LATENCY_SAMPLES = 20
 
-# The cause labels, shared with the diagnosis rules (recprof/analysis/diagnosis.py).
-DATA_LOADING = "data loading"
-COLLECTIVE_WAIT = "waiting on a collective"
+# The cause labels, shared with the diagnosis rules (recprof/analysis/diagnosis.py): the host
+# part's (host_activity.py) and the queued part's.
+HOST_CAUSES = (*ACTIVITIES, NO_OP)
 COPY_WAIT = "waiting on a copy"
-HOST_BOUND_LAUNCH = "host-bound launch"
-HOST_OVERHEAD = "host overhead"
 STREAM_WAIT = "waiting on another stream"
 DEVICE_HELD = "queued: device held outside this process"
 UNATTRIBUTED = "unattributed"
-
-
-def _covered(spans: HostSpans, start: float, end: float) -> tuple[float, int]:
-    """How much of [start, end) the spans cover, and the index of the longest overlapping one."""
-    if spans.start.size == 0:
-        return 0.0, -1
-    lo, hi = np.maximum(spans.start, start), np.minimum(spans.end, end)
-    overlap = hi - lo
-    best = int(np.argmax(overlap))
-    if overlap[best] <= 0:
-        return 0.0, -1
-    touching = overlap > 0
-    return IntervalSet.of(lo[touching], hi[touching]).total(), best
-
-
-def _touching(spans: HostSpans, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Which of the gaps [starts, ends) some span overlaps by a positive length: exactly the
-    gaps `_covered` finds a span for, by comparisons alone (the union of the spans meets a
-    gap exactly where one of them does), so most gaps, touched by none, skip the scan."""
-    union = IntervalSet.of(spans.start, spans.end)
-    if not len(union):
-        return np.zeros(len(starts), dtype=bool)
-    k = np.searchsorted(union.ends, starts, side="right")  # first union interval ending later
-    return (k < len(union)) & (union.starts[np.minimum(k, len(union) - 1)] < ends)
 
 
 def launch_latency(starts: np.ndarray, ends: np.ndarray, launches: np.ndarray) -> float | None:
@@ -195,44 +171,6 @@ def _waited_until(trace: RankTrace, work: np.ndarray, follows: np.ndarray) -> np
     return out
 
 
-class _GapExplainer:
-    """Host-side causes for a set of gaps (each given as the stretch the host is asked about):
-    what every gap needs from the trace is looked up for all of them at once, and only the
-    gaps a host span touches scan the spans."""
-
-    def __init__(self, trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.trace = trace
-        self.starts, self.ends = starts.tolist(), ends.tolist()
-        self.loading = _touching(trace.data_loading, starts, ends).tolist()
-        self.waiting = _touching(trace.comm_waits, starts, ends).tolist()
-
-    def explain(self, gap: int, fallback: tuple[str, str]) -> tuple[str, str]:
-        start, end = self.starts[gap], self.ends[gap]
-        length = end - start
-        names = self.trace.names
-        # idx < 0: no span overlaps. The test is needed beside the fraction: half of a
-        # subnormal gap (damaged times) underflows to 0, which "no coverage" would meet.
-        if self.loading[gap]:
-            covered, idx = _covered(self.trace.data_loading, start, end)
-            if idx >= 0 and covered >= COVER_FRACTION * length:
-                return DATA_LOADING, names[self.trace.data_loading.name[idx]]
-        if self.waiting[gap]:
-            covered, idx = _covered(self.trace.comm_waits, start, end)
-            if idx >= 0 and covered >= COVER_FRACTION * length:
-                return COLLECTIVE_WAIT, names[self.trace.comm_waits.name[idx]]
-        return fallback
-
-    def host_overhead(self, gap: int) -> tuple[str, str]:
-        """A CPU run: the innermost main-thread op the thread sat in mid-gap."""
-        ops = self.trace.main_thread_ops
-        mid = (self.starts[gap] + self.ends[gap]) / 2
-        inside = np.flatnonzero((ops.start <= mid) & (ops.end >= mid))
-        if inside.size == 0:
-            return UNATTRIBUTED, "no profiled op on the main thread"
-        innermost = inside[np.argmax(ops.start[inside])]
-        return HOST_OVERHEAD, self.trace.names[ops.name[innermost]]
-
-
 def _handover_cause(klass: int) -> str:
     """The queued work's class, for a gap it was queued before: a collective waits on its
     peers or its stream, a copy on its dependency; anything else is not evident."""
@@ -243,8 +181,10 @@ def _handover_cause(klass: int) -> str:
     return UNATTRIBUTED
 
 
-def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> IdleGapSummary:
-    """Every idle gap inside the analysed windows, summarised; the largest kept with causes."""
+def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window],
+              host: HostActivity | None = None) -> IdleGapSummary:
+    """Every idle gap inside the analysed windows, summarised; the largest kept with causes.
+    `host`: the rank's host activity, when the caller has it already."""
     starts: list[np.ndarray] = []
     ends: list[np.ndarray] = []
     owners: list[np.ndarray] = []
@@ -261,44 +201,54 @@ def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> I
     order = np.argsort(-durations, kind="stable")
     queues = facts(trace.header.device_kind).queues_work
     split = _Split.of(trace, gap_start, gap_end) if queues else None
-    # Causes for every gap would cost a host scan each; explain the gaps that make up most of
-    # the idle time (all of them up to a cap), and book the small remainder as unexplained.
-    explained = order[:EXPLAINED_GAPS]
-    host_end = gap_start + split.host if split is not None else gap_end
-    explainer = _GapExplainer(trace, gap_start[explained], host_end[explained])
     acts, names = trace.activities, trace.names
-    by_cause: dict[str, float] = {}
+    n = len(acts)
+    host_us = split.host if split is not None else durations
+    # The thread whose activity explains the host part: the one that launched the gap's work
+    # (on a CPU run, and where no work follows, the main thread).
+    thread = np.full(len(gap_start), -1, dtype=np.int64)
+    if split is not None and acts.launch_thread is not None and n:
+        follows = split.work < n
+        thread[follows] = acts.launch_thread[split.work[follows]]
+    host = host or HostActivity(trace)
+    parts = host.split(thread, gap_start, gap_start + host_us)
+    # The launch latency the split adds after the launch call returned is the launch's too.
+    parts[HOST_BOUND_LAUNCH] = parts[HOST_BOUND_LAUNCH] + np.maximum(
+        host_us - sum(parts.values()), 0.0)
+    by_cause = {cause: float(us.sum()) for cause, us in parts.items() if us.sum() > 0}
+    if split is not None:
+        cls = np.where(split.work < n, acts.klass[np.minimum(split.work, max(n - 1, 0))]
+                       if n else 0, -1)
+        handover = {COLLECTIVE_WAIT: cls == ActivityClass.COMM,
+                    COPY_WAIT: np.isin(cls, _COPIES)}
+        for cause, mask in handover.items():
+            by_cause[cause] = by_cause.get(cause, 0.0) + float(split.handover[mask].sum())
+        rest = float(split.handover[~handover[COLLECTIVE_WAIT] & ~handover[COPY_WAIT]].sum())
+        for cause, us in ((UNATTRIBUTED, rest), (STREAM_WAIT, float(split.stream.sum())),
+                          (DEVICE_HELD, float(split.held.sum()))):
+            by_cause[cause] = by_cause.get(cause, 0.0) + us
+        by_cause = {cause: us for cause, us in by_cause.items() if us > 0}
     largest: list[IdleGap] = []
-    for rank_in_size, g in enumerate(order.tolist()):
-        dur = float(durations[g])
-        kept = rank_in_size < EXPLAINED_GAPS
-        queued: list[tuple[str, float]] = []
-        if split is None:
-            host = (explainer.host_overhead(rank_in_size) if kept else (UNATTRIBUTED, ""), dur)
-        elif split.work[g] >= len(acts):
-            host = ((UNATTRIBUTED, "no device work follows"), dur)
-        else:
-            work = int(split.work[g])
-            detail = names[acts.name[work]]
-            cause = (explainer.explain(rank_in_size, (HOST_BOUND_LAUNCH, detail)) if kept
-                     else (UNATTRIBUTED, detail))
-            host = (cause, float(split.host[g]))
-            queued = [(_handover_cause(int(acts.klass[work])), float(split.handover[g])),
-                      (STREAM_WAIT, float(split.stream[g])), (DEVICE_HELD, float(split.held[g]))]
-        (cause, detail), host_us = host
-        for name, us in [(cause, host_us), *queued]:
-            if us > 0:
-                by_cause[name] = by_cause.get(name, 0.0) + us
-        if rank_in_size < LARGEST_GAPS_KEPT:
-            queued_us = float(split.queued[g]) if split is not None else 0.0
-            parts = [(us, name) for name, us in queued if us > 0]
-            main = max([(host_us, cause), *parts]) if parts else (host_us, cause)
-            if main[1] != cause:  # the gap is mostly queued: name the work that waited
-                detail = names[acts.name[int(split.work[g])]] if split is not None else detail
-            largest.append(IdleGap(
-                float(gap_start[g]), dur, windows[owner[g]].number, main[1], detail[:200],
-                queued_us=queued_us,
-                queued_cause=max(parts)[1] if parts and queued_us > 0 else ""))
+    for g in order[:LARGEST_GAPS_KEPT].tolist():
+        causes = [(float(parts[c][g]), c) for c in HOST_CAUSES]
+        queued_us = 0.0
+        work = int(split.work[g]) if split is not None else n
+        if split is not None:
+            queued_us = float(split.queued[g])
+            causes += [(float(split.handover[g]), _handover_cause(int(acts.klass[work]))
+                        if work < n else UNATTRIBUTED),
+                       (float(split.stream[g]), STREAM_WAIT), (float(split.held[g]), DEVICE_HELD)]
+        us, cause = max(causes)
+        queued = [(u, c) for u, c in causes[len(HOST_CAUSES):] if u > 0]
+        if cause in HOST_CAUSES and not (cause == HOST_BOUND_LAUNCH and work < n):
+            detail = host.thread(int(thread[g])).detail(
+                cause, float(gap_start[g]), float(gap_start[g] + host_us[g]))
+        else:  # the work it launched, or the work that sat queued
+            detail = names[acts.name[work]] if work < n else "no device work follows"
+        largest.append(IdleGap(
+            float(gap_start[g]), float(durations[g]), windows[owner[g]].number, cause,
+            detail[:200], queued_us=queued_us,
+            queued_cause=max(queued)[1] if queued and queued_us > 0 else ""))
     return IdleGapSummary(
         count=int(durations.size),
         total_us=float(durations.sum()),
@@ -310,6 +260,9 @@ def idle_gaps(trace: RankTrace, unions: ClassUnions, windows: list[Window]) -> I
         queued_us=float(split.queued.sum()) if split is not None else 0.0,
         launch_latency_us=split.latency if split is not None else None,
     )
+
+
+_COPIES = (ActivityClass.COPY_H2D, ActivityClass.COPY_D2H, ActivityClass.COPY_D2D)
 
 
 def _log_histogram(durations: np.ndarray) -> list[tuple[float, float, int]]:

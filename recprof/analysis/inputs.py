@@ -95,9 +95,20 @@ def _analyze_traces(paths: list[Path], steps: set[int] | None, scheduler: str | 
 
 
 
-def one_job(paths: list[Path]) -> JobAnalysis:
+def one_job(paths: list[Path], allow_missing: bool = False, action: str = "this") -> JobAnalysis:
+    """The one job analysed from `paths` (`open_job`, the missing ranks refused unless
+    `allow_missing`)."""
+    return open_job(paths, allow_missing, action)[0]
+
+
+def open_job(paths: list[Path], allow_missing: bool = False, action: str = "this",
+             flag: str | None = None) -> tuple[JobAnalysis, str | None]:
     """The one job analysed from `paths` (traces, a run's capture folders or the folder holding
-    them, or an analysis JSON); capture folders of more than one job are refused."""
+    them, or an analysis JSON), and which of its ranks are missing and why (`missing_ranks`),
+    None when none is. Capture folders of more than one job are refused; so is a job with a
+    rank missing, with the rank and why, unless `allow_missing` (`action`: what the caller
+    would do from the ranks left, "a prediction"; `flag`: the option that allows it, where
+    the command has one)."""
     open_run(paths)
     result = load_result(paths)
     if result.errors and not result.jobs:
@@ -105,4 +116,23 @@ def one_job(paths: list[Path]) -> JobAnalysis:
     if len(result.jobs) != 1:
         ids = ", ".join(j.id for j in result.jobs) or "none"
         raise RecprofError(f"{paths[0]}: expected one job, found {len(result.jobs)} ({ids})")
-    return result.jobs[0]
+    job = result.jobs[0]
+    gap = missing_ranks(result, job)
+    if gap and not allow_missing:
+        raise RecprofError(f"{paths[0]}: {gap}; {action} from the ranks left would describe "
+                           "another job: give every rank's trace"
+                           + (f" (or {flag} to go on from the ranks left, said in the output)"
+                              if flag else ""))
+    return job, gap
+
+
+def missing_ranks(result: AnalysisResult, job: JobAnalysis) -> str | None:
+    """`rank 0 of 2 is missing (cannot read .../rank0_vm.pt.trace.json: ...)`: which ranks of
+    the job the analysis lacks and why, one line for every command that reads traces; None
+    when it has them all."""
+    if not job.ranks_missing and not result.errors:
+        return None
+    ranks = ", ".join(map(str, job.ranks_missing)) or "?"
+    word = "rank" if len(job.ranks_missing) == 1 else "ranks"
+    why = "; ".join(result.errors) or "no trace of it among the inputs"
+    return f"{word} {ranks} of {job.world} missing ({why})"

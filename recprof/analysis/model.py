@@ -71,6 +71,10 @@ class StageTime:
 
     time_us_per_step: float = 0.0
     exposed_us_per_step: float = 0.0
+    #: Of the stage's collectives' time, the part spent waiting for later ranks (matched
+    #: across ranks), per step, at most its exposed time: a stage whose exposed time is mostly
+    #: this is waiting for a late rank, not slow (job level only).
+    waiting_us_per_step: float = 0.0
 
 
 @dataclass
@@ -163,6 +167,27 @@ class DevicePrices:
 
 
 @dataclass
+class OutlierStep:
+    """A step far from the rank's others (recprof/analysis/outliers.py), left out of its
+    per-step figures: its own numbers, and what its host and its device's idle time went to
+    (host activity and idle cause -> us in that step; the typical step's, per step, beside)."""
+
+    metrics: StepMetrics  # where its time went, as for any step
+    typical_step_us: float  # the median of the rank's typical steps (their annotations)
+    host_time_us: dict[str, float] = field(default_factory=dict)
+    typical_host_time_us: dict[str, float] = field(default_factory=dict)
+    #: The same for the other threads that launch work (the autograd thread), summed.
+    other_threads_time_us: dict[str, float] = field(default_factory=dict)
+    typical_other_threads_time_us: dict[str, float] = field(default_factory=dict)
+    #: The runtime calls that took most of the step, by name, over every thread.
+    runtime_calls_us: dict[str, float] = field(default_factory=dict)
+    #: The same calls' time in a typical step (mean over the typical steps).
+    typical_runtime_calls_us: dict[str, float] = field(default_factory=dict)
+    idle_by_cause_us: dict[str, float] = field(default_factory=dict)
+    typical_idle_by_cause_us: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class RankAnalysis:
     rank: int
     file: str
@@ -181,6 +206,15 @@ class RankAnalysis:
     #: What the ops a micro-batch repeats cost this rank (None where it shows none, and in
     #: documents made before it).
     device_work: DeviceWork | None = None
+    #: The main thread's time per (typical) step by what it was doing
+    #: (recprof/analysis/host_activity.py: allocator, sync, data loading, launches, ...).
+    host_time_us: dict[str, float] = field(default_factory=dict)
+    #: The same for the other threads that launch work (the autograd thread), summed.
+    other_threads_time_us: dict[str, float] = field(default_factory=dict)
+    #: Steps far from the others, left out of `steps` and every per-step figure.
+    outlier_steps: list[OutlierStep] = field(default_factory=list)
+    #: Set when the rank's steps have no typical pace (outliers.py): why none was left out.
+    steps_vary: str | None = None
 
 
 @dataclass
@@ -337,6 +371,10 @@ class SkewAnalysis:
     waits_mutual: bool = False
     straggler_rule: str = ""
     straggler_cause: str = ""
+    #: What kind of cause that is (skew.py LATENESS_CAUSES: "lookup", "compute", a host
+    #: activity of host_activity.py, "late_start", or "" when nothing explains it): the
+    #: straggler finding's knobs follow it.
+    straggler_cause_kind: str = ""
     clock_offsets_us_by_rank: dict[int, float] = field(default_factory=dict)
     clock_alignment: str = ""
 
@@ -403,6 +441,21 @@ class PeerWaits:
 
 
 @dataclass
+class KnobPrediction:
+    """What `recprof whatif` predicts one of a finding's knobs does to the unprofiled step: the
+    knob's best value on this job, the step it predicts and the step now (us)."""
+
+    knob: str
+    value: str
+    step_us: float
+    base_us: float
+
+    @property
+    def change(self) -> float:
+        return (self.step_us - self.base_us) / self.base_us if self.base_us > 0 else 0.0
+
+
+@dataclass
 class Finding:
     """One diagnosed bottleneck: what it costs, the evidence, and what to change.
 
@@ -423,6 +476,13 @@ class Finding:
     advice: str = ""
     knobs: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+    #: The what-if's prediction for each knob it can price (recprof/whatif/findings.py), best
+    #: first; `knobs` is then in the same order, the knobs it cannot price last. Empty where
+    #: the what-if did not run (`recprof analyze`) or cannot model the job.
+    predictions: list[KnobPrediction] = field(default_factory=list)
+    #: What the prediction leaves out, where it says so (the codec's kernels of another
+    #: framework's job).
+    prediction_note: str = ""
 
     @property
     def tune_command(self) -> str | None:
@@ -502,6 +562,33 @@ class SharedDevice:
 
 
 @dataclass
+class KnobOn:
+    """A setting the trace shows on (recprof/analysis/frameworks.py `knobs_on`): the trainer's
+    knob name for it, its value, the framework's own name for it, and the evidence."""
+
+    knob: str
+    value: str
+    framework_knob: str
+    evidence: str
+
+
+@dataclass
+class JobOutlier:
+    """An outlier step of the job: the ranks that found it, its mean time over them against a
+    typical step's, and what took the time (`cause`: the host activity or idle cause that grew
+    most over a typical step, with its time in this step and in a typical one)."""
+
+    number: int | None
+    ranks: list[int]
+    step_us: float
+    typical_step_us: float
+    cause: str
+    cause_us: float
+    typical_cause_us: float
+    text: str
+
+
+@dataclass
 class JobAnalysis:
     id: str
     world_size: int | None
@@ -541,6 +628,15 @@ class JobAnalysis:
     peer_waits: PeerWaits | None = None
     #: What the device charges for work a knob adds (None in documents made before it).
     device_prices: DevicePrices | None = None
+    #: Settings the traces show on (codec labels, the pipeline's labels): a finding never
+    #: recommends turning on what is on.
+    knobs_on: list[KnobOn] = field(default_factory=list)
+    #: Steps left out of every per-step figure as outliers (recprof/analysis/outliers.py),
+    #: one line each: the step, its ranks, its time against a typical step's and its cause.
+    outlier_steps: list[JobOutlier] = field(default_factory=list)
+    #: The job's mean per step over every analysed step, outliers included (None when there
+    #: are none: it equals `per_step`).
+    per_step_all: StepMetrics | None = None
 
     @property
     def world(self) -> int:

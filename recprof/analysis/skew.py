@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from recprof import units
-from recprof.analysis import idle
+from recprof.analysis import host_activity
 from recprof.analysis.collectives import CallKey, CollectiveRecords
 from recprof.analysis.critical_path import BlockingWait, critical_paths
 from recprof.analysis.intervals import IntervalSet
@@ -128,7 +129,7 @@ def analyze_skew(
                               or [0.0]))
     _name_straggler(skew, per_step_caused, len(matched), ranks, mean_step)
     if skew.straggler_rank is not None:
-        skew.straggler_cause = _lateness_cause(skew, analyses)
+        skew.straggler_cause, skew.straggler_cause_kind = _lateness_cause(skew, analyses)
         skew.straggler_blocking_us_per_step_by_kind = _caused_by_kind(
             skew.straggler_rank, matched, calls, records_by_rank, len(ranks), n_steps)
 
@@ -419,38 +420,81 @@ def _steps_needed(ranks: int) -> int:
     return max(steps, 5)
 
 
-def _lateness_cause(skew: SkewAnalysis, analyses: list[RankAnalysis]) -> str:
-    """Why the straggler is late, from what differs between it and the others per step."""
+def _lateness_cause(skew: SkewAnalysis, analyses: list[RankAnalysis]) -> tuple[str, str]:
+    """Why the straggler is late, from what differs between it and the others per step: its
+    device's work (its embedding lookups apart: a hot table makes them slower), its host
+    threads' time by activity (recprof/analysis/host_activity.py), or a late first launch.
+    (cause, its kind), or ("not evident ...", "") when nothing explains half of its cost:
+    the extra time is then said plainly to be unexplained, never guessed."""
     s = skew.straggler_rank
     cost = skew.straggler_cost_us_per_step
     by_rank = {r.rank: r for r in analyses}
     lag, others = by_rank.get(s), [r for r in analyses if r.rank != s]
     if lag is None or not others:
-        return ""
+        return "", ""
 
     def mean_of(r: RankAnalysis, value: str) -> float:
         steps = r.steps or [StepMetrics(None, 0.0)]
         return float(np.mean([getattr(x, value) for x in steps]))
 
-    def idle_of(r: RankAnalysis, causes: tuple[str, ...]) -> float:
-        return sum(r.idle_gaps.by_cause_us.get(c, 0.0) for c in causes) / max(len(r.steps), 1)
+    def lookup(r: RankAnalysis) -> float:
+        stage = r.stages.get("embedding_lookup")
+        return stage.time_us_per_step if stage else 0.0
 
-    def delta(fn) -> float:
+    def delta(fn: Callable[[RankAnalysis], float]) -> float:
         return fn(lag) - float(np.mean([fn(r) for r in others]))
 
-    candidates = {
-        "more compute on that rank": delta(lambda r: mean_of(r, "compute")),
-        "data loading on that rank": delta(lambda r: idle_of(r, (idle.DATA_LOADING,))),
-        "host gaps before its work (launch or Python overhead)": delta(
-            lambda r: idle_of(r, (idle.HOST_BOUND_LAUNCH, idle.HOST_OVERHEAD))),
-        "a late first launch in each step": delta(lambda r: mean_of(r, "first_activity_us")),
+    candidates: dict[str, tuple[float, str]] = {
+        "its embedding lookups take longer than the others' (a hot table or uneven "
+        "sharding)": (delta(lookup), "lookup"),
+        "more device compute besides the lookups": (
+            delta(lambda r: mean_of(r, "compute") - lookup(r)), "compute"),
+        "a late first launch in each step": (delta(lambda r: mean_of(r, "first_activity_us")),
+                                              "late_start"),
     }
-    numbers = "; ".join(f"{what}: {units.duration(d)} per step" for what, d in candidates.items())
-    best = max(candidates, key=lambda k: candidates[k])
-    if candidates[best] >= CAUSE_MIN_SHARE * cost:
-        return f"{best} ({units.duration(candidates[best])} more per step than the others)"
+    for where, field_name in (("its main thread", "host_time_us"),
+                              ("its autograd and other launching threads",
+                               "other_threads_time_us")):
+        for activity in (*host_activity.ACTIVITIES, host_activity.NO_OP):
+            if field_name == "other_threads_time_us" and activity == host_activity.NO_OP:
+                continue  # a helper thread in no op is idle, waiting for its next work
+            words = _HOST_WORDS[activity]
+            candidates[f"{where} spends longer {words}"] = (
+                delta(lambda r, f=field_name, a=activity: getattr(r, f).get(a, 0.0)), activity)
+    numbers = "; ".join(f"{what}: {units.duration(d)} per step"
+                        for what, (d, _) in candidates.items() if abs(d) >= 1.0)
+    best = max(candidates, key=lambda k: candidates[k][0])
+    gain, kind = candidates[best]
+    if gain >= CAUSE_MIN_SHARE * cost:
+        where = _where_in(lag, kind)
+        return (f"{best} ({units.duration(gain)} more per step than the others"
+                + (f"; its largest such gaps: {where}" if where else "") + ")"), kind
     return (f"not evident from the trace: no difference between rank {s} and the others "
-            f"explains half of the {units.duration(cost)} it costs ({numbers})")
+            f"explains half of the {units.duration(cost)} it costs"
+            + (f" ({numbers})" if numbers else ""), "")
+
+
+def _where_in(rank: RankAnalysis, activity: str) -> str:
+    """What the late rank's thread was in during its largest idle gaps of that activity (the
+    call, op or label: `inside # running sparse arch`), longest first."""
+    weights: dict[str, float] = {}
+    for gap in rank.idle_gaps.largest:
+        if gap.cause == activity and gap.detail:
+            weights[gap.detail] = weights.get(gap.detail, 0.0) + gap.dur_us
+    return ", ".join(name for name, _ in sorted(weights.items(), key=lambda kv: -kv[1])[:2])
+
+
+#: How a host activity reads in a late rank's cause ("spends longer ...").
+_HOST_WORDS = {
+    host_activity.ALLOCATOR: "in the memory allocator",
+    host_activity.HOST_SYNC: "waiting for its device",
+    host_activity.DATA_LOADING: "loading data",
+    host_activity.HOST_BOUND_LAUNCH: "in runtime calls (launching work)",
+    host_activity.COLLECTIVE_WAIT: "in collective and wait ops",
+    host_activity.HOST_OPS: "in CPU ops that launch nothing",
+    host_activity.NO_OP: ("outside every op the trace recorded (unexplained: Python, I/O or a "
+                          "GIL wait)"),
+}
 
 
 def _step_spread(steps_by_rank: dict[int, list[StepMetrics]]) -> list[StepSpread]:

@@ -10,6 +10,9 @@ what the trace shows around it (`Attribution.inferred` says which):
 
 - an all-reduce during backward carries dense gradients, an all-to-all there embedding
   gradients;
+- an all-to-all in the forward pass that no label explains moves sparse data: the keys when its
+  payload is integer, the embedding rows otherwise (older TorchRec traces label only the KJT
+  all-to-alls; the pooled embeddings' all-to-all under `# running sparse arch` is the rest);
 - hand-written model-parallel jobs label nothing, but their lookups are plain in the trace
   (nn.Embedding / nn.EmbeddingBag ops, EmbeddingBag kernels: the embedding-lookup stage). An
   all-to-all of the forward pass that moves floating-point data after the step's lookups
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from recprof.analysis.intervals import IntervalSet
-from recprof.analysis.model import StageTime
+from recprof.analysis.model import SkewAnalysis, StageTime
 from recprof.analysis.windows import Window
 from recprof.trace.model import ActivityClass, LabelSpans, RankTrace
 from recprof.trace.vocabulary import (
@@ -72,30 +75,40 @@ class Attribution:
 def _innermost(labels: LabelSpans, rows: np.ndarray, times: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
     """For each time, the stage of the innermost label in `rows` open at it (-1 if none) and
-    the purpose of the innermost one that names a purpose (-1 if none). Labels of one thread
-    nest, so a sweep keeps the open ones on a stack."""
-    order = rows[np.lexsort((-labels.end[rows], labels.start[rows]))].tolist()
-    # Python lists: the sweep reads one element at a time, where numpy scalars cost ~5x.
-    starts, ends = labels.start.tolist(), labels.end.tolist()
-    stages, purposes = labels.stage.tolist(), labels.purpose.tolist()
-    at = times.tolist()
-    stage = [-1] * len(at)
-    purpose = [-1] * len(at)
-    stack: list[int] = []
-    nxt = 0
-    for i in np.argsort(times, kind="stable").tolist():
-        t = at[i]
-        while nxt < len(order) and starts[order[nxt]] <= t:
-            stack.append(order[nxt])
-            nxt += 1
-        # Times only grow, so a label closed before this time stays closed: drop it for
-        # good. Labels of other threads interleave (non-main threads share one sweep), so
-        # closed ones can sit anywhere in the stack, not only on top.
-        stack = [j for j in stack if ends[j] >= t]
-        if stack:
-            stage[i] = next((stages[j] for j in reversed(stack) if stages[j] >= 0), -1)
-            purpose[i] = next((purposes[j] for j in reversed(stack) if purposes[j] >= 0), -1)
-    return np.array(stage, dtype=np.int16), np.array(purpose, dtype=np.int16)
+    the purpose of the innermost one that names a purpose (-1 if none). The innermost is the
+    one that started last (the shorter at equal starts) among those open at the time, whether
+    or not the labels of several threads interleave."""
+    order = rows[np.lexsort((-labels.end[rows], labels.start[rows]))]
+    stage = _last_open(labels.start[order], labels.end[order], labels.stage[order], times)
+    purpose = _last_open(labels.start[order], labels.end[order], labels.purpose[order], times)
+    return stage.astype(np.int16), purpose.astype(np.int16)
+
+
+def _last_open(starts: np.ndarray, ends: np.ndarray, values: np.ndarray, times: np.ndarray
+               ) -> np.ndarray:
+    """Per time, the value of the last span (in the given order, by start) among those with a
+    value (>= 0) open at it, or -1. The last span started by then is found by bisection; from
+    it back, the last one still open is found by binary lifting over a table of the spans'
+    latest ends per power-of-two block, all times at once."""
+    keep = values >= 0
+    starts, ends, values = starts[keep], ends[keep], values[keep]
+    out = np.full(len(times), -1, dtype=np.int64)
+    if not starts.size or not len(times):
+        return out
+    pos = np.searchsorted(starts, times, side="right") - 1
+    # latest[p][i]: the latest end among spans i - 2^p + 1 .. i
+    latest = [ends]
+    while (1 << len(latest)) <= starts.size:
+        step = 1 << (len(latest) - 1)
+        prev = latest[-1]
+        latest.append(np.concatenate([prev[:step], np.maximum(prev[step:], prev[:-step])]))
+    for power in range(len(latest) - 1, -1, -1):
+        block = 1 << power
+        skip = (pos - block + 1 >= 0) & (latest[power][np.maximum(pos, 0)] < times)
+        pos = np.where(skip, pos - block, pos)
+    found = (pos >= 0) & (ends[np.maximum(pos, 0)] >= times)
+    out[found] = values[pos[found]]
+    return out
 
 
 def attribute(trace: RankTrace) -> Attribution:
@@ -128,6 +141,12 @@ def attribute(trace: RankTrace) -> Attribution:
                               _UNKNOWN))
     guess = np.where((guess == _UNKNOWN) & (acts.coll_kind == _ALL_TO_ALL) & (stage != _BACKWARD),
                      _forward_exchange(trace, stage, times), guess)
+    # An all-to-all under a forward label that nothing else explains moves sparse data, not
+    # dense compute (older TorchRec labels only the KJT parts): keys when its payload is
+    # integer, the embeddings otherwise. Its stage follows from this purpose below, so the
+    # stage table and the collectives table say the same of it.
+    guess = np.where((guess == _UNKNOWN) & (stage == _FORWARD) & (acts.coll_kind == _ALL_TO_ALL),
+                     np.where(acts.coll_floating == 0, _KEY_ROUTING, _ROWS_FWD), guess)
     inferred = coll & (purpose < 0) & (guess != _UNKNOWN)
     purpose = np.where(coll & (purpose < 0), guess, purpose)
     # The next batch's rows fetched on the built-in trainer's prefetch thread (DBP).
@@ -135,10 +154,6 @@ def attribute(trace: RankTrace) -> Attribution:
     purpose = np.where(coll, purpose, -1)
     for p, s in _STAGE_OF_PURPOSE.items():
         stage = np.where(coll & (purpose == p), s, stage)
-    # An all-to-all under a forward label that no label explains moves sparse data (keys or
-    # embeddings), not dense compute: older TorchRec labels only the KJT parts.
-    stage = np.where(coll & (purpose == _UNKNOWN) & (stage == _FORWARD)
-                     & (acts.coll_kind == _ALL_TO_ALL), _EMBEDDING_A2A, stage)
     return Attribution(stage.astype(np.int16), purpose.astype(np.int16), inferred)
 
 
@@ -205,3 +220,23 @@ def stage_times(trace: RankTrace, windows: list[Window],
         if time > 0:
             out[name] = StageTime(time_us_per_step=time / n, exposed_us_per_step=exposed / n)
     return out
+
+
+#: A stage whose collectives spent at least this share of its exposed time waiting for later
+#: ranks reads as waiting, not as slow.
+MOSTLY_WAITING = 0.5
+
+
+def waiting_note(stage: StageTime, skew: SkewAnalysis) -> str:
+    """What a stage row says when its exposed time is mostly its collectives waiting for later
+    ranks (`mostly waiting for rank 2`), else nothing: the row alone would read as a slow
+    stage (TorchRec's embedding all-to-all, 759 ms exposed on three ranks that waited for the
+    fourth). The rank is the one whose lateness causes the most blocking wait."""
+    if stage.exposed_us_per_step <= 0 or (
+            stage.waiting_us_per_step < MOSTLY_WAITING * stage.exposed_us_per_step):
+        return ""
+    caused = skew.caused_blocking_us_per_step_by_rank
+    late = skew.straggler_rank if skew.straggler_rank is not None else (
+        max(caused, key=lambda r: caused[r]) if caused and max(caused.values()) > 0 else None)
+    who = f"rank {late}" if late is not None else "later ranks"
+    return f"mostly waiting for {who}"

@@ -16,7 +16,9 @@ from recprof.analysis.model import (
     StageTime,
     StepMetrics,
 )
-from recprof.trace.vocabulary import STAGES
+from recprof.analysis.outliers import job_outliers
+from recprof.trace.devices import of_document
+from recprof.trace.vocabulary import PURPOSE_STAGE, STAGES
 
 
 def rank_per_step(rank: RankAnalysis) -> StepMetrics:
@@ -34,10 +36,22 @@ def summarize_job(job: JobAnalysis) -> JobAnalysis:
     for stats in job.collectives:
         _collective_per_step(stats, job.ranks)
     job.stages = _mean_stages(job.ranks)
+    job.outlier_steps = job_outliers(job.ranks, of_document(job.device_kind).device)
+    job.per_step_all = _mean_over_every_step(job.ranks) if job.outlier_steps else None
     job.findings = diagnose(job)
     job.verdict = verdict(job, job.findings)
     return job
 
+
+
+def _mean_over_every_step(ranks: list[RankAnalysis]) -> StepMetrics:
+    """The job's mean per step with the outlier steps counted in: per rank over all of its
+    analysed steps, then the mean over ranks (as `per_step`, over more steps)."""
+    per_rank = []
+    for rank in ranks:
+        every = [*rank.steps, *(o.metrics for o in rank.outlier_steps)]
+        per_rank.append(mean_metrics(sum_metrics(every), max(len(every), 1)))
+    return mean_metrics(sum_metrics(per_rank), max(len(ranks), 1))
 
 
 def upgrade_v1(job: JobAnalysis) -> JobAnalysis:
@@ -79,12 +93,27 @@ def _collective_per_step(stats: CollectiveStats, ranks: list[RankAnalysis]) -> N
 
 def _mean_stages(ranks: list[RankAnalysis]) -> dict[str, StageTime]:
     """Each stage's per-step time and exposed time, mean over ranks (a rank without the stage
-    counts as zero), in the vocabulary's order."""
+    counts as zero), in the vocabulary's order, with the part of it its collectives spent
+    waiting for later ranks."""
     out: dict[str, StageTime] = {}
+    waiting = _stage_waits(ranks)
     for name in STAGES:
         present = [r.stages[name] for r in ranks if name in r.stages]
         if present:
+            exposed = sum(s.exposed_us_per_step for s in present) / len(ranks)
             out[name] = StageTime(
-                sum(s.time_us_per_step for s in present) / len(ranks),
-                sum(s.exposed_us_per_step for s in present) / len(ranks))
+                sum(s.time_us_per_step for s in present) / len(ranks), exposed,
+                min(waiting.get(name, 0.0), exposed))
+    return out
+
+
+def _stage_waits(ranks: list[RankAnalysis]) -> dict[str, float]:
+    """Per stage, its collectives' wait for later ranks per step, mean over ranks (each
+    collective's stage is its purpose's: vocabulary.PURPOSE_STAGE)."""
+    out: dict[str, float] = {}
+    for rank in ranks:
+        steps = max(len(rank.steps), 1)
+        for c in rank.collectives:
+            stage = PURPOSE_STAGE.get(c.purpose, "other")
+            out[stage] = out.get(stage, 0.0) + c.wait_us / steps / len(ranks)
     return out

@@ -61,6 +61,7 @@ def activate() -> None:
             torchrun_record.wrap(errors, run_dir)
 
         sys.meta_path.insert(0, _AfterImport(torchrun_record.ERRORS_MODULE, record_failures))
+        torchrun_record.one_line_on_signal()
         return
     claim = _rank_of_this_process()
     if claim is None and _is_child_of_a_rank():
@@ -301,8 +302,8 @@ class RankCapture:
                 if issubclass(kind, KeyboardInterrupt)
                 else ExitStatus.EXCEPTION
             )
-            self.exit = {"status": status, "code": 1, "error": f"{kind.__name__}: {exc}",
-                         "frames": _frames_of(tb)}
+            error = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
+            self.exit = {"status": status, "code": 1, "error": error, "frames": _frames_of(tb)}
             previous_hook(kind, exc, tb)
 
         def exit_(code: object = None) -> None:

@@ -11,6 +11,7 @@ is representative of the run (recprof/runfolder/steps.py).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import time
@@ -72,6 +73,7 @@ def build_manifest(
             **_on_demand_options(schedule),
         },
         "host": socket.gethostname(),
+        "cwd": os.getcwd(),  # what the command's relative paths are relative to
         "started_at": job.started_at if job else time.time(),
         "ended_at": job.ended_at if job else None,
         "exit_code": job.returncode if job else None,
@@ -316,6 +318,13 @@ def _missing_reason(
             f"no trace: the rank was killed {where} without a chance to save "
             "(SIGKILL, os._exit, or stuck until the launcher's timeout)"
         )
+    if ended.get("status") in (ExitStatus.INTERRUPTED, ExitStatus.SIGNAL):
+        by = ended.get("signal") or "Ctrl-C"
+        if steps_logged == 0:
+            return f"no trace: the rank was stopped ({by}) before its first step"
+        window = f" (steps {first}-{last})" if first is not None else ""
+        return (f"no trace: the rank was stopped ({by}) after {steps_logged} steps, before "
+                f"its window{window}")
     if meta.get("step_source") is None:
         return (
             "no trace: no step boundary was seen (no torch optimizer step, no module call and "

@@ -6,6 +6,10 @@ reaps it and knows: it raises `ChildFailedError` with one `ProcessFailure` (pid,
 failed rank. The hook wraps that constructor in torchrun's own process (only under capture), so
 the run folder gets `meta/torchrun.json` and the manifest can name the signal instead of listing
 what it might have been.
+
+torchrun stopped by a signal (capture passing the user's Ctrl-C on) ends by raising
+`SignalException` out of its main: a traceback of 20 to 50 lines that says only "got signal: 2".
+Under capture it is one line instead (`one_line_on_signal`); capture's own summary follows.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import Any
 
 from recprof.runfolder import layout
@@ -23,6 +27,8 @@ from recprof.runfolder import layout
 SCHEMA = "recprof.capture.torchrun/1"
 #: The module that defines `ChildFailedError` (torch >= 1.9).
 ERRORS_MODULE = "torch.distributed.elastic.multiprocessing.errors"
+#: What torchrun raises when a signal reaches it (torch.distributed.elastic.multiprocessing.api).
+SIGNAL_EXCEPTION = "SignalException"
 
 
 def wrap(errors: ModuleType, run_dir: Path) -> None:
@@ -38,6 +44,23 @@ def wrap(errors: ModuleType, run_dir: Path) -> None:
             print(f"[recprof] torchrun's failures not recorded: {exc!r}", file=sys.stderr)
 
     cls.__init__ = init
+
+
+def one_line_on_signal() -> None:
+    """Print one line instead of torchrun's traceback when a signal stops it; every other
+    uncaught exception keeps its traceback."""
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException,
+                   tb: TracebackType | None) -> None:
+        if kind.__name__ != SIGNAL_EXCEPTION:
+            previous(kind, exc, tb)
+            return
+        number = getattr(exc, "sigval", None)
+        name = _signal_name(int(number)) if number is not None else "a signal"
+        print(f"[recprof] torchrun stopped by {name}", file=sys.stderr)
+
+    sys.excepthook = excepthook
 
 
 def write(run_dir: Path, failures: Mapping[int, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,8 @@ from recprof.compare.gate import parse_pct
 from recprof.compare.loading import Run, load_run, run_arguments
 from recprof.compare.model import compare_runs
 from recprof.compare.view import print_comparison, write_html
-from recprof.errors import RecprofError
+from recprof.errors import ExitCode, RecprofError
+from recprof.terminal import ReaderGone
 
 
 def _labels(runs: list[list[Path]], labels: str | None) -> list[str | None]:
@@ -87,15 +89,18 @@ def compare(
         loaded.append(load_run(paths, name, samples_per_step))
     _unique(loaded)
     comparison = compare_runs(loaded, threshold)
-    print_comparison(Console(), comparison)
+    # The files first: a reader that stops reading early (`| head`) must not cost them, and
+    # the gate's status stands whatever happens to standard output.
     if json_out is not None:
         _write(json_out, comparison.to_json())
         err.print(f"JSON written to {escape(str(json_out))}", highlight=False, soft_wrap=True)
     if output is not None:
         write_html(comparison, output, cdn=cdn)
         err.print(f"comparison written to {escape(str(output))}", highlight=False, soft_wrap=True)
-    if comparison.gate is not None and comparison.gate.failed:
-        raise typer.Exit(1)
+    failed = comparison.gate is not None and comparison.gate.failed
+    with contextlib.suppress(ReaderGone):  # the files are written, the gate has decided
+        print_comparison(Console(), comparison)
+    raise typer.Exit(ExitCode.NOT_MET if failed else ExitCode.OK)
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -29,11 +29,6 @@ from recprof.runfolder.run import Run as CaptureRun
 from recprof.runfolder.run import capture_folders, find_runs, open_run
 from recprof.runfolder.steps import timed_steps
 
-#: The trainer config's model keys (the "# model" group of recprof/nestpipe/config.py): runs
-#: that differ in any of these train different models, so their times are not comparable.
-MODEL_KEYS = ("num_dense", "num_features", "num_tables", "num_embeddings", "embedding_dim",
-              "bottom_mlp", "top_mlp")
-
 
 @dataclass
 class Run:
@@ -54,6 +49,9 @@ class Run:
     #: The captured command of each capture folder (the manifest's), with paths inside the
     #: folder written `<run>/...` so two runs of one command read equal; None when unknown.
     command: tuple[tuple[str, ...], ...] | None = None
+    #: What recording cost its profiled window (capture's measure, mean over the capture
+    #: folders: `CaptureFolder.profiler_cost`); None without a capture's window check.
+    profiler_cost: float | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -114,7 +112,7 @@ def load_run(path: Path | Sequence[Path], label: str | None = None,
     run = Run(label=label or _default_label(named or first), path=first, job=job,
               capture_dirs=capture_dirs, warnings=list(result.errors))
     run.logged_steps_us = _logged_steps(capture) if capture else []
-    run.trainer_config = _trainer_config(paths, capture_dirs)
+    run.trainer_config = _trainer_config(paths, capture)
     if samples_per_step is not None:
         run.samples_per_step, run.samples_source = samples_per_step, "--samples-per-step"
     elif run.trainer_config is not None and isinstance(
@@ -123,6 +121,8 @@ def load_run(path: Path | Sequence[Path], label: str | None = None,
         run.samples_source = "trainer summary (batch_size)"
     run.nodes = _nodes(capture, job)
     run.command = _commands(capture) if capture else None
+    costs = [c for f in capture.folders if (c := f.profiler_cost) is not None] if capture else []
+    run.profiler_cost = statistics.fmean(costs) if costs else None
     return run
 
 
@@ -157,18 +157,35 @@ def _logged_steps(capture: CaptureRun) -> list[float]:
     return [statistics.fmean(by_number[n]) for n in sorted(by_number)]
 
 
-def _trainer_config(paths: list[Path], capture_dirs: list[Path]) -> dict[str, Any] | None:
-    """The built-in trainer's resolved config from a summary.json in or one folder below the
-    run (capture's demo writes `<run>/trainer/summary.json`), if any."""
-    from recprof.nestpipe.summary import SUMMARY_FILE, read_summary
+def _trainer_config(paths: list[Path], capture: CaptureRun | None) -> dict[str, Any] | None:
+    """The built-in trainer's resolved config from its summary.json: in or one folder below
+    the run (capture's demo writes `<run>/trainer/summary.json`), or in the `--out` folder
+    the captured command gave the trainer, wherever that is; None when there is none."""
+    from recprof.nestpipe.summary import SUMMARY_FILE, out_of_command, read_summary
 
-    roots = list(dict.fromkeys([*capture_dirs, *(p for p in paths if p.is_dir())]))
-    for root in roots:
-        for candidate in [root / SUMMARY_FILE, *sorted(root.glob(f"*/{SUMMARY_FILE}"))]:
-            summary = read_summary(candidate)
-            if summary is not None and isinstance(summary.get("config"), dict):
-                return summary["config"]
+    folders = capture.folders if capture else []
+    roots = list(dict.fromkeys([*(f.path for f in folders), *(p for p in paths if p.is_dir())]))
+    candidates = [c for root in roots
+                  for c in [root / SUMMARY_FILE, *sorted(root.glob(f"*/{SUMMARY_FILE}"))]]
+    for folder in folders:
+        out = out_of_command(folder.launch_command or [], folder.cwd)
+        # A folder outside the run may have been written by a later run of the same command:
+        # its summary is this run's only if it was written while this run ran.
+        if out is not None and _written_during(out / SUMMARY_FILE, folder.interval()):
+            candidates.append(out / SUMMARY_FILE)
+    for candidate in candidates:
+        summary = read_summary(candidate)
+        if summary is not None and isinstance(summary.get("config"), dict):
+            return summary["config"]
     return None
+
+
+def _written_during(path: Path, interval: tuple[float, float] | None) -> bool:
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return False
+    return interval is not None and interval[0] <= written <= interval[1] + 1.0
 
 
 def _commands(capture: CaptureRun) -> tuple[tuple[str, ...], ...] | None:

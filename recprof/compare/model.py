@@ -9,6 +9,14 @@ subtracts. Conventions (docs/compare.md):
   runs: capture's step logs (unprofiled steps: the job's own pace) when every run has them,
   else the traces' profiled steps. `per_step` is the analysis' mean profiled step, whose
   `step` is the denominator of every share (stages and collectives are measured in traces).
+- Whether the step changed at all is the gate's question (recprof/compare/gate.py): the
+  rank-sum test over the same per-step times, inverted into an interval for last / first
+  (`StepChange`). The headline names a change, and a stage or collective as its cause, only
+  when the interval excludes 1; otherwise it says the runs are within run-to-run variation.
+- Stage and collective times come from the profiled windows, which carry the profiler's own
+  cost. Capture measures that cost per window (the manifest's `window_check`); a run carries
+  it as `profiler_cost`, and the headline says so when the runs' costs differ by more than the
+  change it would name.
 - Throughput = samples per step / `step_us`; scaling factor = throughput / the first run's;
   efficiency = factor / (world size / the first run's world size). Weak scaling when the
   per-rank batch is the same as the first run's, strong when the global batch is.
@@ -26,8 +34,17 @@ import orjson
 
 from recprof import units
 from recprof.analysis.model import CollectiveStats, StepMetrics
-from recprof.compare.gate import GateResult, regression_gate
-from recprof.compare.loading import MODEL_KEYS, Run
+from recprof.compare.gate import (
+    ALPHA,
+    TEST,
+    GateResult,
+    can_reject,
+    p_larger,
+    ratio_interval,
+    regression_gate,
+)
+from recprof.compare.loading import Run
+from recprof.nestpipe.config import MODEL_KEYS
 from recprof.nestpipe.knobs import KNOBS
 from recprof.trace.vocabulary import STAGES
 from recprof.version import __version__
@@ -62,6 +79,35 @@ class RunSummary:
     #: The built-in trainer's knobs that differ from the synchronous baseline.
     knobs: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""
+    #: What recording cost the profiled window, capture's measure: its steps' median over the
+    #: unprofiled steps' median, minus 1 (+0.32: recorded steps ran 32% slower). None where
+    #: the run has no capture step logs (traces or an analysis document alone).
+    profiler_cost: float | None = None
+
+
+@dataclass
+class StepChange:
+    """The last run's step against the first's, by the gate's test: the ratio last / first
+    (the median of every pairwise ratio) with its (1 - 2 alpha) interval, and what they allow
+    the headline to say."""
+
+    ratio: float
+    low: float
+    high: float
+    #: One-sided p-values: of "the last run's steps are slower", and "faster".
+    p_slower: float
+    p_faster: float
+    n_first: int
+    n_last: int
+    source: str
+    #: slower | faster | unchanged (within run-to-run variation) | undecided (too few steps
+    #: for the test to reject anything).
+    direction: str
+    #: Every how many steps were kept of a long series (the interval's cost is quadratic in
+    #: the steps); 1 when every step was.
+    thinned: int = 1
+    test: str = TEST
+    alpha: float = ALPHA
 
 
 @dataclass
@@ -127,6 +173,7 @@ class Comparison:
     collectives: list[CollectiveDelta]
     findings: list[FindingChange]
     verdict: str
+    change: StepChange | None = None
     gate: GateResult | None = None
     warnings: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -151,13 +198,15 @@ def compare_runs(runs: list[Run], fail_if_slower_pct: float | None = None) -> Co
             s.efficiency = s.scaling_factor / (s.world_size / base.world_size)
     stages = _stage_deltas(runs)
     collectives = _collective_deltas(runs)
+    change = step_change(series[0], series[-1], source) if len(runs) > 1 else None
     comparison = Comparison(
         runs=summaries,
         scaling=_scaling(runs, summaries) if len(runs) > 1 else None,
         stages=stages,
         collectives=collectives,
         findings=[_finding_change(a, b) for a, b in itertools.pairwise(runs)],
-        verdict=_verdict(runs, summaries, stages, collectives),
+        verdict=_verdict(runs, summaries, stages, collectives, change),
+        change=change,
         warnings=_mismatch_warnings(runs) + [f"{r.label}: {w}" for r in runs for w in r.warnings],
     )
     if source == TRACES_SOURCE and any(r.logged_steps_us for r in runs):
@@ -171,6 +220,34 @@ def compare_runs(runs: list[Run], fail_if_slower_pct: float | None = None) -> Co
 
 def _series(run: Run, source: str) -> list[float]:
     return run.logged_steps_us if source == LOGS_SOURCE else run.traced_steps_us()
+
+
+#: The interval pairs every step of one run with every step of the other: beyond this many
+#: pairs, each series is thinned to every k-th step (consecutive steps are not independent
+#: anyway, so a long run's neighbours add little).
+MAX_PAIRS = 250_000
+
+
+def step_change(first_us: list[float], last_us: list[float], source: str) -> StepChange:
+    """Did the step change from the first run to the last, by how much, with what confidence
+    (the gate's test, inverted into an interval: recprof/compare/gate.py)."""
+    thinned = 1
+    while (len(first_us) // thinned) * (len(last_us) // thinned) > MAX_PAIRS:
+        thinned += 1
+    a, b = first_us[::thinned], last_us[::thinned]
+    interval = ratio_interval(a, b)
+    p_faster = p_larger(a, b)
+    if not can_reject(len(a), len(b)):
+        direction = "undecided"
+    elif interval.p_value < ALPHA:
+        direction = "slower"
+    elif p_faster < ALPHA:
+        direction = "faster"
+    else:
+        direction = "unchanged"
+    return StepChange(ratio=interval.estimate, low=interval.low, high=interval.high,
+                      p_slower=interval.p_value, p_faster=p_faster, n_first=len(a),
+                      n_last=len(b), source=source, direction=direction, thinned=thinned)
 
 
 def _summary(run: Run, series: list[float], source: str) -> RunSummary:
@@ -190,7 +267,8 @@ def _summary(run: Run, series: list[float], source: str) -> RunSummary:
         all_to_all_us=sum(c.total_us_per_step for c in job.collectives if c.kind == "all_to_all"),
         samples_per_step=run.samples_per_step,
         samples_source=run.samples_source, throughput=throughput, scaling_factor=None,
-        efficiency=None, per_step=job.per_step, knobs=knobs, verdict=job.verdict)
+        efficiency=None, per_step=job.per_step, knobs=knobs, verdict=job.verdict,
+        profiler_cost=run.profiler_cost)
 
 
 def _scaling(runs: list[Run], summaries: list[RunSummary]) -> Scaling:
@@ -291,44 +369,54 @@ def _going(first: Run, last: Run) -> str:
     return text
 
 
+def _ms(us: float) -> str:
+    """Two runs' steps side by side need their hundredths (13.54 against 13.14 ms), where
+    `units.duration` would round both to 13 ms."""
+    return f"{us / 1e3:.2f} ms"
+
+
+def _change_words(change: StepChange) -> str:
+    """`0.97x; 90% interval 0.92-1.03x, one-sided Mann-Whitney U (rank-sum) over 20 and 20
+    steps from capture step logs (unprofiled steps), p = 0.76`."""
+    p = change.p_slower if change.ratio >= 1 else change.p_faster
+    high = f"{change.high:.3g}x" if change.high != float("inf") else "unbounded"
+    every = f", every {change.thinned}th step" if change.thinned > 1 else ""
+    return (f"{change.ratio:.3g}x; {1 - 2 * change.alpha:.0%} interval {change.low:.3g}x to "
+            f"{high}, {change.test} over {change.n_first} and {change.n_last} steps from "
+            f"{change.source}{every}, p = {p:.2g}")
+
+
 def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDelta],
-             collectives: list[CollectiveDelta]) -> str:
-    """The step's change from the first run to the last, then what moved most the same way
-    (grew when the step grew, shrank when it shrank): a collective purpose, with its bus
-    bandwidth, when it moved at least as much as any stage, else the stage."""
-    if len(runs) < 2:
+             collectives: list[CollectiveDelta], change: StepChange | None) -> str:
+    """Whether the step changed from the first run to the last (the gate's test: `change`);
+    only when it did, what moved most the same way (grew when the step grew, shrank when it
+    shrank): a collective purpose, with its bus bandwidth, when it moved at least as much as
+    any stage, else the stage, with the profiler's cost where it differs by more than that."""
+    if len(runs) < 2 or change is None:
         return "One run: nothing to compare."
     first, last = runs[0], runs[-1]
     a, b = summaries[0], summaries[-1]
-    ms = units.duration
-    if b.step_us == a.step_us:
-        text = f"Step time stayed at {ms(b.step_us)} {_going(first, last)}"
+    going = _going(first, last)
+    steps = f"{_ms(a.step_us)} to {_ms(b.step_us)}"
+    if change.direction == "undecided":
+        text = (f"Step time {steps} {going}: too few steps ({change.n_first} and "
+                f"{change.n_last}) for the {change.test} test to tell a change from run-to-run "
+                f"variation at all; record more steps (recprof capture --active N)")
+    elif change.direction == "unchanged":
+        text = (f"Step time did not change measurably {going}: {steps} "
+                f"({_change_words(change)}), within run-to-run variation, so no stage or "
+                "collective is named as a cause")
     else:
-        moved = "rose" if b.step_us > a.step_us else "fell"
-        text = f"Step time {moved} from {ms(a.step_us)} to {ms(b.step_us)} {_going(first, last)}"
+        moved = "rose" if change.direction == "slower" else "fell"
+        text = f"Step time {moved} from {steps} {going} ({_change_words(change)})"
     if b.scaling_factor is not None and first.world_size != last.world_size:
         text += f" (scaling factor {b.scaling_factor:.2f}x, efficiency {b.efficiency:.0%})"
-    sign = -1.0 if b.step_us < a.step_us else 1.0
-    coll = max(collectives, key=lambda d: sign * d.delta_us, default=None)
-    stage = max(stages, key=lambda d: sign * d.delta_us, default=None)
-    verb = "shrank" if sign < 0 else "grew"
-    if coll is not None and sign * coll.delta_us > 0 and (
-            stage is None or sign * coll.delta_us >= sign * stage.delta_us):
-        x, y = coll.runs[0], coll.runs[-1]
-        text += (f"; {coll.purpose} {coll.kind.replace('_', '-')} {verb} most, from "
-                 f"{ms(x.time_us)} to {ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → "
-                 f"{ms(y.exposed_us)})")
-        if coll.busbw_ratio is not None and coll.busbw_ratio > 0:
-            r = coll.busbw_ratio
-            text += (f"; busbw fell {1 / r:.1f}x" if r < 1 else f"; busbw rose {r:.1f}x")
-    elif stage is not None and sign * stage.delta_us > 0:
-        x, y = stage.runs[0], stage.runs[-1]
-        text += (f"; stage {stage.stage} {verb} most, from {ms(x.time_us)} to "
-                 f"{ms(y.time_us)} per step (exposed {ms(x.exposed_us)} → {ms(y.exposed_us)})")
+    if change.direction in ("slower", "faster"):
+        text += _cause(change, a, b, stages, collectives)
     text += "."
     if _same_command(first, last):
         config = " and trainer config" if first.trainer_config is not None else ""
-        text += (f" Both ran the same command{config}: the difference is run-to-run "
+        text += (f" Both ran the same command{config}: a difference is run-to-run "
                  "variation or a change outside the command (machine load, environment, "
                  "library versions); repeat each run to tell them apart.")
     if len(runs) > 2 and all(s.throughput is not None for s in summaries):
@@ -337,7 +425,43 @@ def _verdict(runs: list[Run], summaries: list[RunSummary], stages: list[StageDel
                  f"{best.throughput:,.0f} samples/s ({best.scaling_factor:.2f}x).")
     elif len(runs) > 2:
         best = min(summaries, key=lambda s: s.step_us)
-        text += f" Shortest step of the {len(runs)} runs: {best.label}, {ms(best.step_us)}."
+        text += f" Shortest step of the {len(runs)} runs: {best.label}, {_ms(best.step_us)}."
+    return text
+
+
+def _cause(change: StepChange, a: RunSummary, b: RunSummary, stages: list[StageDelta],
+           collectives: list[CollectiveDelta]) -> str:
+    """`; stage X grew most, from .. to .. per step (exposed ..)`, and the profiler's cost in
+    the two windows where it differs by more than that move (the move may be the profiler's)."""
+    ms = units.duration
+    sign = -1.0 if change.direction == "faster" else 1.0
+    coll = max(collectives, key=lambda d: sign * d.delta_us, default=None)
+    stage = max(stages, key=lambda d: sign * d.delta_us, default=None)
+    verb = "shrank" if sign < 0 else "grew"
+    text, moved_us = "", 0.0
+    if coll is not None and sign * coll.delta_us > 0 and (
+            stage is None or sign * coll.delta_us >= sign * stage.delta_us):
+        x, y = coll.runs[0], coll.runs[-1]
+        text = (f"; {coll.purpose} {coll.kind.replace('_', '-')} {verb} most, from "
+                f"{ms(x.time_us)} to {ms(y.time_us)} per profiled step (exposed "
+                f"{ms(x.exposed_us)} → {ms(y.exposed_us)})")
+        if coll.busbw_ratio is not None and coll.busbw_ratio > 0:
+            r = coll.busbw_ratio
+            text += (f"; busbw fell {1 / r:.1f}x" if r < 1 else f"; busbw rose {r:.1f}x")
+        moved_us = abs(coll.delta_us)
+    elif stage is not None and sign * stage.delta_us > 0:
+        x, y = stage.runs[0], stage.runs[-1]
+        text = (f"; stage {stage.stage} {verb} most, from {ms(x.time_us)} to "
+                f"{ms(y.time_us)} per profiled step (exposed {ms(x.exposed_us)} → "
+                f"{ms(y.exposed_us)})")
+        moved_us = abs(stage.delta_us)
+    if text and a.profiler_cost is not None and b.profiler_cost is not None:
+        cost_gap = abs(b.profiler_cost * b.step_us - a.profiler_cost * a.step_us)
+        if cost_gap >= moved_us:
+            text += (f"; but recording cost {a.label} {a.profiler_cost:+.0%} and {b.label} "
+                     f"{b.profiler_cost:+.0%} of the step in their profiled windows (capture's "
+                     "measure), a difference larger than that move: the profiled figures may "
+                     "not be like for like")
     return text
 
 

@@ -69,7 +69,8 @@ def _knobs(run: RunSummary) -> str:
 def _runs_table(c: Comparison) -> Table:
     cols = [Column("run"), Column("shape"), Column("knobs"), Column("step ms", True),
             Column("samples/s", True), Column("scaling", True), Column("efficiency", True),
-            Column("all-to-all ms", True), Column("exposed comm ms", True)]
+            Column("all-to-all ms", True), Column("exposed comm ms", True),
+            Column("profiler cost", True)]
     rows = [[Cell(r.label), Cell(_shape(r)), Cell(_knobs(r)),
              Cell(units.ms_cell(r.step_us), sort=r.step_us, css="num"),
              Cell(_throughput(r), sort=r.throughput, css="num"),
@@ -78,13 +79,20 @@ def _runs_table(c: Comparison) -> Table:
              Cell(units.ms_cell(r.all_to_all_us), sort=r.all_to_all_us, css="num"),
              Cell(units.ms_cell(r.per_step.exposed_comm), sort=r.per_step.exposed_comm,
                   sub=f"{units.share(r.per_step.exposed_comm, r.per_step.step):.1f}%",
-                  css="num")]
+                  css="num"),
+             Cell(_cost(r), sort=r.profiler_cost, css="num")]
             for r in c.runs]
     counts = ", ".join(str(r.steps_timed) for r in c.runs)
     return Table(cols, rows, css="compare-runs",
                  note=f"step ms: median job time per step from {c.runs[0].step_source} "
                       f"({counts} steps); all-to-all and exposed comm: per step in the "
-                      "profiled window (share of that step below).")
+                      "profiled window (share of that step below); profiler cost: how much "
+                      "slower the recorded steps ran than the unprofiled ones (capture's "
+                      "measure), which every profiled figure carries.")
+
+
+def _cost(run: RunSummary) -> str:
+    return f"{run.profiler_cost:+.0%}" if run.profiler_cost is not None else "–"
 
 
 def _stage_table(c: Comparison) -> Table:
@@ -126,9 +134,15 @@ def _collective_table(c: Comparison) -> Table:
                       "groups.")
 
 
+#: The marker of the step the headline compares, on the bars of the profiled step.
+STEP_MARKER = "step compared (median)"
+
+
 def _bars(c: Comparison) -> Figure:
     """One stacked bar per run: what its mean profiled step is made of (the report's parts and
-    colours, so the bars read like the bottleneck report's)."""
+    colours, so the bars read like the bottleneck report's), and on each a marker at the step
+    the headline compares: where that comes from the unprofiled steps, the bars (profiled,
+    carrying the profiler's cost) can order the runs the other way, and the marker shows it."""
     labels = [plot_text(r.label) for r in c.runs]
     runs_steps = [bar_parts(r.per_step) for r in c.runs]
     data = [{"type": "bar", "orientation": "h", "name": name, "y": labels,
@@ -136,9 +150,16 @@ def _bars(c: Comparison) -> Figure:
              "marker": {"color": COLORS[key]},
              "hovertemplate": "%{y}: %{x:.2f} ms<extra>" + plot_text(name) + "</extra>"}
             for key, name in BAR_PARTS]
+    source = plot_text(c.runs[0].step_source)
+    data.append({"type": "scatter", "mode": "markers", "name": STEP_MARKER, "y": labels,
+                 "x": [ms(r.step_us) for r in c.runs],
+                 "marker": {"symbol": "diamond", "size": 12, "color": "#111"},
+                 "hovertemplate": "%{y}: %{x:.2f} ms<extra>" + STEP_MARKER + ", from "
+                                  + source + "</extra>"})
     height = min(200 + 40 * len(c.runs), 900)
     return {"data": data, "layout": layout(
-        barmode="stack", height=height, xaxis={"title": {"text": "ms per step (profiled)"}},
+        barmode="stack", height=height,
+        xaxis={"title": {"text": f"ms per step: bars profiled; ◆ the step compared ({source})"}},
         yaxis={"autorange": "reversed", "automargin": True})}
 
 
@@ -198,6 +219,9 @@ def print_comparison(console: Console, c: Comparison) -> None:
                      units.ms_cell(r.per_step.exposed_comm))
     note = (f"step ms: median per step from {c.runs[0].step_source}; a2a ms, exp ms: "
             "all-to-all time and exposed communication per profiled step")
+    if any(r.profiler_cost is not None for r in c.runs):
+        note += ("; what recording cost each profiled window (capture's measure): "
+                 + ", ".join(f"{r.label} {_cost(r)}" for r in c.runs))
     if c.scaling is not None:
         note += f". {c.scaling.explanation}"
     print_table(console, runs, note)

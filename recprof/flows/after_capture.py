@@ -1,7 +1,8 @@
 """After the job: analyze the traces of the run and write the report.
 
-Failures here never change capture's exit status (the job's, or command.NO_TRACE_EXIT when no
-trace was captured); they become one line that says what to run by hand.
+Failures here never change capture's exit status (the job's, ExitCode.NO_TRACE when no trace
+was captured, ExitCode.INTERRUPTED after Ctrl-C); they become one line that says what to run by
+hand.
 """
 
 from __future__ import annotations

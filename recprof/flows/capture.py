@@ -16,7 +16,7 @@ from recprof.capture.hang_watch import HANG_FLOOR_S, HANG_STEP_MULTIPLE, HangPol
 from recprof.capture.launcher import job_env, run_job
 from recprof.capture.manifest import build_manifest, write_manifest
 from recprof.capture.progress import EventTail
-from recprof.errors import RecprofError
+from recprof.errors import ExitCode, RecprofError
 from recprof.flows.after_capture import analyze_and_report, report_hangs
 from recprof.flows.hang import HangFlow, diagnose_after, saved_diagnoses
 from recprof.flows.windows import finish_windows, print_windows
@@ -25,10 +25,6 @@ from recprof.runfolder.layout import ExitStatus, ProfilerStatus, RunStatus, Sche
 
 DEFAULT_ROOT = Path("recprof-runs")
 DEFAULT = Schedule()
-# Capture's exit status when the job exited 0 but no rank wrote a trace (a failed job's own
-# non-zero status is kept; 2 is a user error, see recprof/cli.py).
-NO_TRACE_EXIT = 3
-
 #: The summary table's headers (tests check a CI log shows each whole at 80 columns).
 SUMMARY_COLUMNS = ("rank", "steps", "trace", "MB", "events", "profiled", "exit")
 
@@ -169,10 +165,13 @@ def capture(
         ),
     )
     tail.poll()
+    layout.remove_empty_fatal_reports(run_dir)
     manifest = build_manifest(run_dir, command, schedule, job)
     manifest["hang"] = hang.summary()
     _print_summary(console, manifest, write_manifest(run_dir, manifest))
-    if not hang.episodes and diagnose_after(run_dir, console, failed=job.returncode != 0):
+    interrupted = manifest.get("status") == RunStatus.INTERRUPTED
+    if not (hang.episodes or interrupted) and diagnose_after(
+            run_dir, console, failed=job.returncode != 0):
         manifest["hang"] = {"episodes": [], "after_job": str(
             layout.hang_dir(run_dir).relative_to(run_dir))}
         write_manifest(run_dir, manifest)
@@ -185,7 +184,7 @@ def capture(
             finish_windows(run_dir, manifest["windows"], console)
             if hangs:
                 _note_report(console, manifest, report_hangs(run_dir, hangs))
-        print_windows(console, manifest["windows"], manifest["world_size"])
+        print_windows(console, run_dir, manifest["windows"], manifest["world_size"])
         write_manifest(run_dir, manifest)
     elif not no_report:
         outcome = analyze_and_report(run_dir, console, hangs)
@@ -266,16 +265,46 @@ def _wait(option: str) -> int | None:
 
 def exit_status(console: Console, manifest: dict[str, Any], job_returncode: int) -> int:
     """The job's status, unless it is 0 and nothing was captured: a run without a trace must
-    not pass for a successful capture in a script or CI. The reason goes to stderr."""
+    not pass for a successful capture in a script or CI (the reason goes to stderr). A job the
+    user interrupted is `ExitCode.INTERRUPTED`, whatever its launcher exited with, and the last
+    line says what was kept."""
+    if (manifest.get("status") == RunStatus.INTERRUPTED
+            and "SIGINT" in manifest.get("signals_forwarded", [])):
+        console.print(f"[yellow]recprof: interrupted:[/] {escape(_kept(manifest))}",
+                      soft_wrap=True)
+        return ExitCode.INTERRUPTED
     if manifest["captured"]["traces"] or (manifest.get("capture") or {}).get("on_demand"):
         return job_returncode
-    code = job_returncode or NO_TRACE_EXIT
+    code = job_returncode or ExitCode.NO_TRACE
     reasons = manifest["missing"] or ["no rank said why"]
     more = f" (and {len(reasons) - 1} more above)" if len(reasons) > 1 else ""
     console.print(
         f"[red]recprof: no trace was captured, exit {code}:[/] {escape(reasons[0])}{more}"
     )
     return code
+
+
+def _kept(manifest: dict[str, Any]) -> str:
+    """`kept 2 of 2 ranks' traces (steps 21-25), the step logs of 2 ranks and the report`:
+    what an interrupted capture leaves in its run folder."""
+    captured, ranks = manifest["captured"], manifest["ranks"]
+    logged = max((r["steps_logged"] for r in ranks), default=0)
+    if not captured["traces"]:
+        before = ("before its first step" if logged == 0
+                  else f"after {logged} steps, before any rank had recorded its window")
+        return (f"the job stopped {before}: no trace; kept the manifest and "
+                + (f"the step logs of {captured['step_logs']} ranks" if logged else
+                   "each rank's metadata"))
+    windows = manifest.get("windows")
+    if windows is not None:
+        what = f"{sum(1 for w in windows if w['traces'])} windows' traces"
+    else:
+        steps = sorted({tuple(r["profiled_steps"]) for r in ranks if r.get("profiled_steps")})
+        span = ", ".join(f"{a}-{b}" for a, b in steps)
+        what = (f"{captured['traces']} of {len(ranks)} ranks' traces"
+                + (f" (steps {span})" if span else ""))
+    report = " and the report" if manifest.get("report") else ""
+    return f"kept {what}, the step logs of {captured['step_logs']} ranks{report}"
 
 
 def _run_name(program: str) -> str:
@@ -325,7 +354,9 @@ def _print_summary(console: Console, manifest: dict, manifest_path: Path) -> Non
     status = manifest["status"]
     colour = "green" if status == RunStatus.COMPLETED else "red"
     why = f": {manifest['exit_explanation']}" if manifest.get("exit_explanation") else ""
+    code = (f"its launcher exited {manifest['exit_code']}" if status == RunStatus.INTERRUPTED
+            else f"exit {manifest['exit_code']}")
     console.print(
-        f"job [{colour}]{status}[/] (exit {manifest['exit_code']}){escape(why)}; "
+        f"job [{colour}]{status}[/] ({code}){escape(why)}; "
         f"manifest: {escape(str(manifest_path))}", soft_wrap=True
     )

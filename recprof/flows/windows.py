@@ -79,8 +79,10 @@ def _compare(run_dir: Path, reference: dict[str, Any], entry: dict[str, Any],
             "html": str((folder / layout.COMPARISON_HTML).relative_to(run_dir))}
 
 
-def print_windows(console: Console, entries: list[dict[str, Any]], world: int | None) -> None:
-    """One row per window, then each comparison's verdict and each window check's warning."""
+def print_windows(console: Console, run_dir: Path, entries: list[dict[str, Any]],
+                  world: int | None) -> None:
+    """One row per window, then each comparison's verdict, each window check's warning and
+    where each window's report and comparison are."""
     if not entries:
         console.print("windows: none recorded (armed, never triggered)")
         return
@@ -107,4 +109,12 @@ def print_windows(console: Console, entries: list[dict[str, Any]], world: int | 
         if e.get("compare"):
             console.print(f"window {escape(e['name'])} against {escape(e['compare']['with'])}: "
                           f"{escape(e['compare']['verdict'])}", soft_wrap=True)
+        pages = []
+        if e.get("report"):
+            pages.append(f"report {run_dir / e['report']}")
+        if e.get("compare"):
+            pages.append(f"comparison {run_dir / e['compare']['html']}")
+        if pages:
+            console.print(f"[bold green]window {escape(e['name'])}:[/] "
+                          f"{escape('; '.join(pages))}", soft_wrap=True)
 

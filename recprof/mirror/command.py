@@ -15,7 +15,7 @@ from rich.markup import escape
 from recprof.analysis.inputs import one_job
 from recprof.analysis.model import JobAnalysis
 from recprof.errors import RecprofError
-from recprof.mirror.calibrate import Try, calibrate, calibration_ranks
+from recprof.mirror.calibrate import Try, calibrate, calibration_ranks, target_step
 from recprof.mirror.derive import Mirror, derive
 
 
@@ -30,7 +30,9 @@ def derive_with_status(job: JobAnalysis, console: Console) -> Mirror:
 def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mirror:
     """Derive (and unless `calibrate_runs` is 0, calibrate) the mirror of the one job in
     `paths`; `recprof mirror`'s and the benchmark's."""
-    job = one_job(paths)
+    # A sampled rank mirrors the whole job (its share of the batch and of the exchange); the
+    # header says how many ranks were captured.
+    job = one_job(paths, allow_missing=True)
     mirror = derive_with_status(job, console)
     calibrate_mirror(job, mirror, calibrate_runs, console)
     return mirror
@@ -38,8 +40,9 @@ def build_mirror(paths: list[Path], calibrate_runs: int, console: Console) -> Mi
 
 def calibrate_mirror(job: JobAnalysis, mirror: Mirror, calibrate_runs: int,
                      console: Console) -> None:
-    """Fit `mirror`'s dense widths with up to `calibrate_runs` trainer runs (0: none), saying
-    each run's result on `console`; not on a machine unlike the job's (a GPU job here on CPU)."""
+    """Fit `mirror`'s dense widths so its step is the job's, with up to `calibrate_runs`
+    trainer runs (0: none), saying each run's result on `console`; not on a machine unlike the
+    job's (a GPU job here on CPU)."""
     if calibrate_runs and job.device_kind != "cpu" and not _has_gpu():
         # The trainer here would run on CPU: widths fitted to the job's GPU dense time would
         # describe neither device (a 64 ms GPU dense step is seconds per step on a CPU).
@@ -55,16 +58,16 @@ def calibrate_mirror(job: JobAnalysis, mirror: Mirror, calibrate_runs: int,
     workdir = Path(tempfile.mkdtemp(prefix="recprof-mirror-"))
 
     def said(attempt: Try) -> None:
-        console.print(f"calibration run: bottom_mlp {attempt.bottom_mlp} top_mlp "
-                      f"{attempt.top_mlp}: dense {attempt.dense_us / 1e3:.2f} ms per step",
-                      highlight=False)
+        console.print(f"calibration run: {attempt.label()}: step {attempt.step_us / 1e3:.2f} "
+                      f"ms, dense {attempt.dense_us / 1e3:.2f} ms", highlight=False)
 
     try:
-        console.print(f"calibrating the dense widths against "
-                      f"{mirror.footprint.dense_us / 1e3:.2f} ms per step with short "
-                      f"trainer runs on {calibration_ranks(world)} ranks (up to "
-                      f"{calibrate_runs})", highlight=False)
-        calibrate(mirror, world, workdir, tries=calibrate_runs, on_try=said)
+        target, kind = target_step(job)
+        console.print(f"calibrating the dense widths so the mirror's {kind} step is the job's "
+                      f"{target / 1e3:.2f} ms, with short trainer runs on "
+                      f"{calibration_ranks(world)} ranks (up to {calibrate_runs})",
+                      highlight=False)
+        calibrate(mirror, job, workdir, tries=calibrate_runs, on_try=said)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -85,13 +88,16 @@ def mirror(
         "-o", "--output", help="Where to write the trainer config; `-` prints it.")] = Path(
         "mirror.yaml"),
     calibrate_runs: Annotated[int, typer.Option(
-        "--calibrate", min=0, help="Short trainer runs to fit the dense widths to the job's "
-                                   "dense time (0: keep the widths the trace shows).")] = 4,
+        "--calibrate", min=0, help="Short trainer runs to fit the dense widths so the "
+                                   "mirror's step is the job's (0: keep the widths the "
+                                   "trace shows).")] = 4,
 ) -> None:
     """Write a config for the built-in trainer shaped like a captured job: world size, batch,
     sparse features and tables (count, dim, rows, pooling, sharding where the trace shows
-    them), dense MLP widths fitted to the job's dense time. A comment header says what each
-    value came from and lists what could not be derived with the default used.
+    them), the model (DLRM, or two-tower retrieval), dense widths fitted so the mirror's step
+    is the job's. A comment header says what each value came from, every source of the
+    tables' facts, what was fitted and how close it came, and lists what could not be derived
+    with the default used.
 
     Example: recprof mirror recprof-runs/my-dlrm -o my-dlrm.yaml, then
     recprof tune --config my-dlrm.yaml --nproc-per-node 2 (or recprof tune --like RUN).

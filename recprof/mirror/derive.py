@@ -1,109 +1,28 @@
 """From a captured job to a trainer config: each value with where it came from.
 
-The built-in trainer is DLRM-shaped (recprof/nestpipe/model.py): a bottom MLP from the dense
-features to the embedding width, a pairwise dot interaction of that vector with one pooled
-embedding per sparse feature, a top MLP to one logit. So the captured dense layers split where
-the bottom chain reaches the embedding width; with a dot interaction the top's first input is
-`dim + F(F+1)/2`, which gives the number of sparse features F. What the trace cannot show is
-listed with the default used, never guessed silently.
+The tables' facts come from every lookup form the trace carries (recprof/mirror/tables.py),
+the model and its sizes from the dense layers (recprof/mirror/architecture.py: DLRM or
+two-tower), where batches are made and which dense optimizer steps from their labels, and the
+key skew is fitted to the captured exchange (recprof/mirror/keys.py). What the trace cannot
+show is listed with the default used, never guessed silently.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from recprof.analysis.model import JobAnalysis
 from recprof.errors import RecprofError
+from recprof.mirror.architecture import derive_model
 from recprof.mirror.keys import fit_zipf_alpha
+from recprof.mirror.result import JobFootprint, Mirror
 from recprof.mirror.shape import Linear, RankShape, most_common, read_rank_shape
+from recprof.mirror.tables import table_facts
 from recprof.nestpipe.config import DENSE_OPTIMIZERS, TrainConfig, validate
 
-
-@dataclass
-class JobFootprint:
-    """What the original job moved and spent per step, to compare the mirror's run with."""
-
-    step_us: float
-    dense_us: float  # dense_forward + dense_backward stages less a fused sparse update
-    fused_sparse_us: float  # TorchRec's sparse update inside its backward, taken out above
-    # All-to-all bytes per step and rank, whatever they carry: in a sharded-embedding job every
-    # all-to-all is part of the exchange, and a hand-written one's purpose is often "unknown".
-    exchange_bytes: float
-    all_to_alls: float  # all-to-all calls per step and rank
-
-    def lines(self) -> list[str]:
-        fused = (f" (less {self.fused_sparse_us / 1e3:.2f} ms of sparse update fused into "
-                 "the backward)" if self.fused_sparse_us else "")
-        return [f"step {self.step_us / 1e3:.2f} ms, dense forward+backward "
-                f"{self.dense_us / 1e3:.2f} ms{fused},",
-                f"embedding exchange {self.exchange_bytes:,.0f} B in {self.all_to_alls:g} "
-                "all-to-alls per step and rank"]
-
-
-@dataclass
-class Mirror:
-    """A trainer config and its provenance: `sources[key]` says what each value came from,
-    `defaults` lists the keys the capture could not give and why."""
-
-    job_id: str
-    world_size: int
-    values: dict[str, Any]
-    #: Ranks per node when the capture shows every rank's host; None when it does not (foreign
-    #: traces without hosts, or a sample of the ranks).
-    ranks_per_node: int | None = None
-    sources: dict[str, str] = field(default_factory=dict)
-    defaults: dict[str, str] = field(default_factory=dict)
-    footprint: JobFootprint | None = None
-    notes: list[str] = field(default_factory=list)
-    #: True when the job's dense layers are the trainer's architecture (bottom MLP to the
-    #: embedding width, dot interaction, top MLP): its widths are then copied, not fitted.
-    exact_dense: bool = False
-
-    def set(self, key: str, value: Any, source: str) -> None:
-        self.values[key] = value
-        self.sources[key] = source
-        self.defaults.pop(key, None)
-
-    def to_yaml(self, origin: str) -> str:
-        """The config file: a comment header saying where each value came from, then YAML."""
-        head = [f"recprof mirror of job {self.job_id} ({origin})",
-                "A normal trainer config: `recprof tune --config THIS` or edit it.", ""]
-        head += [f"{key}: {why}" for key, why in self.sources.items()]
-        if self.defaults:
-            head += ["", "not derived from the capture (default used):"]
-            head += [f"  {key}: {why}" for key, why in self.defaults.items()]
-        if self.footprint is not None:
-            head += ["", "the captured job, per step (to compare the mirror's run with):"]
-            head += [f"  {line}" for line in self.footprint.lines()]
-        if self.notes:
-            head += ["", *self.notes]
-        comment = "\n".join(f"# {line}".rstrip() for line in head)
-        return comment + "\n" + yaml.safe_dump(self.values, sort_keys=False)
-
-
-def _split_chain(layers: list[Linear], dim: int | None) -> tuple[list[Linear], list[Linear]]:
-    """Bottom = the first layers up to the one whose output is the embedding width."""
-    if dim is not None:
-        for i, layer in enumerate(layers):
-            if layer.width_out == dim:
-                return layers[: i + 1], layers[i + 1:]
-    return [], layers
-
-
-def _features_from_interaction(top_in: int, dim: int) -> int | None:
-    """F with dim + F(F+1)/2 == top_in (DLRM's dot interaction over F + 1 vectors)."""
-    pairs = top_in - dim
-    if pairs <= 0:
-        return None
-    f = int((math.isqrt(8 * pairs + 1) - 1) // 2)
-    return f if f * (f + 1) // 2 == pairs and f > 0 else None
+__all__ = ["JobFootprint", "Mirror", "dense_us", "derive", "footprint", "mirror_launch",
+           "mirror_layout", "ranks_per_node"]
 
 
 def dense_us(job: JobAnalysis) -> float:
@@ -240,102 +159,9 @@ def _derive_model(mirror: Mirror, job: JobAnalysis, world: int, shapes: list[Ran
     assert per_rank is not None
     mirror.set("batch_size", per_rank * world,
                f"aten::linear inputs of {per_rank} rows per rank x {world} ranks")
-    mirror.set("num_dense", linears[0].width_in, "the first dense layer's input width")
-    bags = [b for s in shapes for b in s.embedding_bags]
-    tbes = [t for s in shapes for t in s.table_batches]
-    lookups = [e for s in shapes for e in s.embeddings]
-    dim = most_common([b[1] for b in bags] + [e[1] for e in lookups])
-    if dim is None:
-        dim = _bottom_out(linears)
-    bottom, top = _split_chain(linears, dim)
-    if dim is None and bottom:
-        dim = bottom[-1].width_out
-    if dim is None:
-        raise RecprofError(f"job {job.id}: no embedding lookup shapes in the trace, so the "
-                           "embedding width is unknown")
-    mirror.set("embedding_dim", dim, "embedding lookup weights' width"
-               if bags or lookups else "the bottom MLP's output (the interaction's vector width)")
-    mirror.set("bottom_mlp", [layer.width_out for layer in bottom[:-1]],
-               f"dense layers {_widths(bottom)} up to the embedding width")
-    if top:
-        mirror.set("top_mlp", [layer.width_out for layer in top[:-1]],
-                   f"dense layers {_widths(top)} after the interaction")
-    features = _features_from_interaction(top[0].width_in, dim) if top else None
-    if features is not None:
-        mirror.set("num_features", features,
-                   f"top MLP input {top[0].width_in} = dim {dim} + F(F+1)/2 pairs")
-        mirror.exact_dense = bool(bottom) and top[-1].width_out == 1
-    pooled = [p for s in shapes for p in s.pooled if p[0] == per_rank and p[3] == dim]
-    if tbes:
-        _from_table_batches(mirror, job, shapes, dim, per_rank * world)
-    elif bags:
-        _from_embedding_bags(mirror, bags, per_rank, features)
-    elif pooled:
-        _from_pooled_sums(mirror, pooled, features)
-    if "num_features" not in mirror.sources:
-        mirror.defaults["num_features"] = f"{mirror.values['num_features']} (no interaction " \
-                                          "or lookup shape gave the feature count)"
-
-
-def _bottom_out(linears: list[Linear]) -> int | None:
-    """Where the first layer's chain narrows to the interaction: the bottom's output width is
-    the embedding width in a DLRM, the first layer output followed by a layer whose input is
-    not that output."""
-    for a, b in itertools.pairwise(linears):
-        if b.width_in != a.width_out:
-            return a.width_out
-    return None
-
-
-def _widths(layers: list[Linear]) -> str:
-    return " -> ".join([str(layers[0].width_in), *(str(x.width_out) for x in layers)]) \
-        if layers else "(none)"
-
-
-def _from_table_batches(mirror: Mirror, job: JobAnalysis, shapes: list[RankShape], dim: int,
-                        batch: int) -> None:
-    per_rank = [s.table_batches[0] for s in shapes if s.table_batches]
-    tables = sum(t.tables for t in per_rank)
-    counts = " + ".join(str(t.tables) for t in per_rank)
-    mirror.set("num_tables", tables, f"fbgemm lookups: {counts} tables on the ranks")
-    rows = {t.weights // (t.tables * dim) for t in per_rank}
-    if len(rows) == 1:
-        mirror.set("num_embeddings", rows.pop(),
-                   "fbgemm flat weights / (tables x dim), equal rows per table assumed")
-    pooling = sum(t.indices for t in per_rank) / max(sum(t.bags for t in per_rank), 1)
-    mirror.set("bag_size", max(1, round(2 * pooling - 1)),
-               f"mean ids per bag {pooling:.2f} (the trainer draws 1..bag_size uniformly)")
-    if "num_features" not in mirror.sources:
-        mirror.set("num_features", sum(t.bags for t in per_rank) // max(batch, 1),
-                   "fbgemm offsets: bags / global batch")
-    if any("[table_wise]" in e for e in job.framework_evidence) or job.framework == "torchrec":
-        mirror.set("sharding", "table", "TorchRec's table-wise lookup labels")
-
-
-def _from_embedding_bags(mirror: Mirror, bags: list[tuple[int, int, int, int]],
-                         per_rank: int, features: int | None) -> None:
-    indices = sum(b[2] for b in bags)
-    count = sum(b[3] for b in bags)
-    pooling = indices / max(count, 1)
-    mirror.set("bag_size", max(1, round(2 * pooling - 1)),
-               f"aten::embedding_bag: mean ids per bag {pooling:.2f}")
-    if features is None:
-        mirror.set("num_features", max(1, round(count / len(bags) / per_rank)) if bags else 1,
-                   "aten::embedding_bag bags / per-rank batch")
-
-
-def _from_pooled_sums(mirror: Mirror, pooled: list[tuple[int, int, int, int]],
-                      features: int | None) -> None:
-    """Pooling done by hand: a sum (or mean) over `[batch, features, bag, dim]` after
-    `aten::embedding`. Before this was read, the DDP example's mirror drew 1..4 ids per bag
-    (the default, 2.5 on average) where the job looks up 4, and exchanged 0.61x its bytes."""
-    batch, count, bag, dim = Counter(pooled).most_common(1)[0][0]
-    mirror.set("bag_size", max(1, 2 * bag - 1),
-               f"aten::sum over [batch, features, bag, dim] = [{batch}, {count}, {bag}, {dim}]: "
-               f"{bag} ids per bag (the trainer draws 1..bag_size uniformly)")
-    if features is None:
-        mirror.set("num_features", count,
-                   "aten::sum over [batch, features, bag, dim] after aten::embedding")
+    mirror.tables = table_facts(job, shapes, per_rank, linears)
+    mirror.notes.extend(mirror.tables.disagreements())
+    derive_model(mirror, job, mirror.tables, linears, per_rank)
 
 
 def _derive_runtime(mirror: Mirror, shapes: list[RankShape]) -> None:

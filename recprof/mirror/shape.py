@@ -6,9 +6,16 @@ examples/ddp_sharded_embedding.py):
 - `aten::linear` (forward only; backward runs `mm` under autograd nodes): input `[b, in]`,
   weight `[out, in]`, so the per-rank batch and every dense layer's widths, in call order;
 - fbgemm's table-batched embedding forward on CPU (`split_embedding_codegen_forward_cpu`):
-  flat weights, `D_offsets` (tables on this rank + 1), indices and offsets (`tables x batch + 1`):
-  the tables a rank owns, the batch they are looked up for, the mean pooling factor, and
-  with the embedding dim the rows per table (assuming equal rows, as the flat size cannot say);
+  flat weights, `D_offsets` (tables on this rank + 1), `total_D` (the tables' widths summed,
+  a concrete input), indices and offsets (`tables x batch + 1`): the tables a rank owns, the
+  batch they are looked up for, the mean pooling factor, the width, and with it the rows per
+  table (assuming equal rows, as the flat size cannot say);
+- fbgemm's current lookup, `split_embedding_codegen_lookup_<optimizer>_function_pt2` (CPU and
+  GPU alike: the optimizer runs fused into its backward): the same D_offsets, total_D, indices
+  and offsets at the same places, the weights as a tensor list whose first entry is flat
+  (`[67108864]` = rows x width) and the optimizer state after them; a row-wise optimizer keeps
+  one entry per row (`[1048576]`), so flat weights / state entries is the width and the state
+  the rows;
 - `aten::embedding`: weight `[rows, dim]`: the dim (pooling, if any, is done by later ops);
 - `aten::embedding_bag`: weight `[rows, dim]`, indices, offsets `[bags]`: dim and pooling (the
   rows are the table's only where the job looks up its own shard; the built-in trainer looks up
@@ -58,6 +65,9 @@ class TableBatch:
     tables: int
     indices: int
     bags: int  # tables x batch
+    total_dim: int | None = None  # total_D: the tables' widths summed (a concrete input)
+    state_rows: int | None = None  # a row-wise optimizer state's entries: one per row (pt2)
+    optimizer: str = ""  # the fused optimizer the pt2 lookup names (rowwise_adagrad, ...)
 
 
 @dataclass
@@ -67,7 +77,8 @@ class RankShape:
     path: Path
     steps: int
     linears: list[Linear] = field(default_factory=list)  # one step's forward layers, in order
-    table_batches: list[TableBatch] = field(default_factory=list)  # one step's lookups
+    table_batches: list[TableBatch] = field(default_factory=list)  # one step's CPU forwards
+    tbe_lookups: list[TableBatch] = field(default_factory=list)  # one step's pt2 lookups
     embedding_bags: list[tuple[int, int, int, int]] = field(default_factory=list)
     # (rows, dim, indices, bags) of one step's aten::embedding_bag calls
     embeddings: list[tuple[int, int]] = field(default_factory=list)
@@ -100,7 +111,14 @@ def _linear(dims: list[Any]) -> Linear | None:
     return Linear(batch, w[1], w[0])
 
 
-def _table_batch(dims: list[Any]) -> TableBatch | None:
+def _concrete_int(values: Any, i: int) -> int | None:
+    """The i-th concrete input as a positive int (the profiler writes scalars as strings)."""
+    if not isinstance(values, list) or i >= len(values) or not isinstance(values[i], str):
+        return None
+    return int(values[i]) if values[i].isdigit() and int(values[i]) > 0 else None
+
+
+def _table_batch(dims: list[Any], concrete: Any) -> TableBatch | None:
     """fbgemm's CPU TBE forward, `split_embedding_codegen_forward_cpu(weights, weights_offsets,
     D_offsets, total_D, hash_size_cumsum, indices, offsets, ...)`: one weights offset per table,
     offsets of length `tables x batch + 1`."""
@@ -109,7 +127,36 @@ def _table_batch(dims: list[Any]) -> TableBatch | None:
         return None
     if (offsets[0] - 1) % tables[0]:
         return None
-    return TableBatch(weights[0], tables[0], indices[0], offsets[0] - 1)
+    return TableBatch(weights[0], tables[0], indices[0], offsets[0] - 1,
+                      total_dim=_concrete_int(concrete, 3))
+
+
+def _tensor_list_head(dims: list[Any], i: int) -> int | None:
+    """The flat size of the first tensor of the i-th argument when it is a tensor list."""
+    if i >= len(dims) or not isinstance(dims[i], list) or not dims[i]:
+        return None
+    first = dims[i][0]
+    if not isinstance(first, list) or len(first) != 1:
+        return None
+    return _int(first[0])
+
+
+def _tbe_lookup(dims: list[Any], concrete: Any, optimizer: str) -> TableBatch | None:
+    """fbgemm's `split_embedding_codegen_lookup_<optimizer>_function_pt2(placeholder, weights,
+    D_offsets, total_D, max_D, hash_size_cumsum, total_hash_size_bits, indices, offsets, ...,
+    <optimizer state tensor lists>, ...)`. The optimizer state is the first later tensor list
+    whose flat size divides the weights' into rows of 2 or more: a row-wise state."""
+    weights = _tensor_list_head(dims, 1)
+    d_offsets, indices, offsets = (_shape(dims, i) for i in (2, 7, 8))
+    if not (weights and d_offsets and indices and offsets) or len(d_offsets) != 1:
+        return None
+    tables = d_offsets[0] - 1
+    if tables < 1 or offsets[0] < 2 or (offsets[0] - 1) % tables:
+        return None
+    state = next((n for i in range(9, len(dims))
+                  if (n := _tensor_list_head(dims, i)) and weights % n == 0 and weights > n), None)
+    return TableBatch(weights, tables, indices[0], offsets[0] - 1,
+                      total_dim=_concrete_int(concrete, 3), state_rows=state, optimizer=optimizer)
 
 
 #: torch.optim's label around every `Optimizer.step`, naming the optimizer's class.
@@ -117,6 +164,9 @@ _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 #: A DataLoader whose batches come from worker processes (labelled by its iterator's class).
 _WORKER_LOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter"
 
+#: fbgemm's current table-batched lookup, named after the optimizer fused into its backward.
+_TBE_LOOKUP_PT2 = re.compile(r"^fbgemm::split_embedding_codegen_lookup_(\w+)_function_pt2$")
+_TBE_LOOKUP_PREFIX = "fbgemm::split_embedding_codegen_lookup_"
 #: The ops whose input shapes say what the model is (the module docstring).
 _POOLING_OPS = frozenset({"aten::sum", "aten::mean"})
 _SHAPE_OPS = frozenset({"aten::linear", TBE_FORWARD_CPU, "aten::embedding", "aten::embedding_bag",
@@ -144,7 +194,7 @@ def read_rank_shape(path: Path) -> RankShape:
             steps.append((float(ts), float(ts) + float(dur)))
         if name.startswith(FUSED_SPARSE_BACKWARD) and _is_time(dur) and dur >= 0:
             fused += float(dur)
-        if name in _SHAPE_OPS and _is_time(ts):
+        if (name in _SHAPE_OPS or name.startswith(_TBE_LOOKUP_PREFIX)) and _is_time(ts):
             ops.append((ts, name, e))
         elif name.startswith("Optimizer.step#"):
             stepped = _OPTIMIZER_STEP.match(name)
@@ -169,9 +219,13 @@ def read_rank_shape(path: Path) -> RankShape:
             if layer is not None:
                 shape.linears.append(layer)
         elif name == TBE_FORWARD_CPU:
-            batch = _table_batch(dims)
+            batch = _table_batch(dims, args.get("Concrete Inputs"))
             if batch is not None:
                 shape.table_batches.append(batch)
+        elif (lookup := _TBE_LOOKUP_PT2.match(name)) is not None:
+            batch = _tbe_lookup(dims, args.get("Concrete Inputs"), lookup.group(1))
+            if batch is not None:
+                shape.tbe_lookups.append(batch)
         elif name == "aten::embedding":
             w = _shape(dims, 0)
             if w and len(w) == 2:

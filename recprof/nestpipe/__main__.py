@@ -19,7 +19,8 @@ from recprof.nestpipe.config import load_config, validate
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m recprof.nestpipe",
-        description="NestPipe DLRM trainer (run under torchrun for more than one rank).",
+        description="NestPipe trainer, DLRM or two-tower (under torchrun for more than one "
+                    "rank).",
     )
     parser.add_argument("--config", type=Path, help="YAML or TOML file of config keys")
     parser.add_argument("--set", dest="overrides", action="append", default=[],

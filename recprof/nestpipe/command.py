@@ -28,7 +28,8 @@ def train(
     save_state: Annotated[Path | None, typer.Option(
         "--save-state", help="Write all trained parameters to this file.")] = None,
 ) -> None:
-    """Train the built-in sharded-embedding DLRM (NestPipe) with torchrun on this machine."""
+    """Train the built-in sharded-embedding model (NestPipe: DLRM, or `model: two_tower`) with
+    torchrun on this machine."""
     overrides = overrides or []
     validate(load_config(config, overrides), nproc_per_node)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -10,7 +10,9 @@ knob registry (recprof/nestpipe/knobs.py), which the tuner reads too. Every prob
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,21 @@ if TYPE_CHECKING:
 BACKEND_CHOICES = ("auto", "gloo", "nccl")
 DATA_CHOICES = ("synthetic", "tsv")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
+#: The dense models (recprof/nestpipe/model.py): DLRM (bottom MLP, dot interaction, top MLP, one
+#: logit, binary cross-entropy) and two-tower retrieval (a query and a candidate tower over
+#: their own tables, dot product, in-batch negatives with a softmax loss).
+MODELS = ("dlrm", "two_tower")
+#: The keys only one model reads (the others are every model's).
+MODEL_ONLY_KEYS = {"dlrm": ("bottom_mlp", "top_mlp"),
+                   "two_tower": ("query_features", "query_tables", "query_mlp",
+                                 "candidate_mlp", "softmax_group", "recall_k")}
+#: The config's "# model" keys, every model's: two runs that differ in any of them train
+#: different models, so their times are of different work (`recprof compare` warns).
+MODEL_KEYS = ("model", "num_dense", "num_features", "num_tables", "num_embeddings",
+              "embedding_dim", *dict.fromkeys(k for keys in MODEL_ONLY_KEYS.values()
+                                              for k in keys))
+#: Each model's dense widths: what `recprof mirror` scales to fit a job's step.
+DENSE_WIDTH_KEYS = {"dlrm": ("bottom_mlp", "top_mlp"), "two_tower": ("query_mlp", "candidate_mlp")}
 #: The synthetic source numbers every random draw of a batch with a 32-bit counter
 #: (recprof/nestpipe/data.py): a batch holds at most this many draws of one kind.
 SYNTHETIC_COUNTERS = 1 << 32
@@ -64,6 +81,7 @@ class TrainConfig:
     num_workers: int = 1
     pin_memory: bool = True
     # model
+    model: str = "dlrm"
     num_dense: int = 13
     num_features: int = 8
     num_tables: int = 8
@@ -71,6 +89,19 @@ class TrainConfig:
     embedding_dim: int = 16
     bottom_mlp: list[int] = field(default_factory=lambda: [64])
     top_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    # two-tower (model: two_tower). The first query_features sparse features (and the dense
+    # ones) feed the query tower and are looked up in the first query_tables tables; the rest
+    # feed the candidate tower from the other tables. Each tower's MLP ends in the width of the
+    # dot product. A query scores its own candidate against the other candidates of its
+    # softmax group (softmax_group consecutive samples of the global batch), so no knob changes
+    # which negatives a sample sees; eval recall@recall_k ranks each query's candidate among
+    # every candidate of the eval batch.
+    query_features: int = 4
+    query_tables: int = 4
+    query_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    candidate_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    softmax_group: int = 16
+    recall_k: int = 10
     # optimizers
     dense_optimizer: str = "adagrad"
     dense_lr: float = 0.05
@@ -117,6 +148,37 @@ class TrainConfig:
         exchanges with itself: a local copy that never reaches the wire."""
         return len(self.group_members(purpose, 0, world))
 
+    def table_of_feature(self) -> list[int]:
+        """The table each sparse feature is looked up in: feature f in table f % num_tables for
+        DLRM; for two-tower, the query features cycle over the first query_tables tables and the
+        candidate features over the rest, so each tower has tables of its own."""
+        if self.model != "two_tower":
+            return [f % self.num_tables for f in range(self.num_features)]
+        fq, tq = self.query_features, self.query_tables
+        return [f % tq if f < fq else tq + (f - fq) % (self.num_tables - tq)
+                for f in range(self.num_features)]
+
+    @property
+    def sample_group(self) -> int:
+        """Consecutive samples that a micro-batch must hold together (`sample_group`)."""
+        return sample_group(vars(self))
+
+    def dense_parameters(self) -> int:
+        """Weights and biases of the dense model (recprof/nestpipe/model.py): what the dense
+        all-reduce carries each step, one value each, plus the loss."""
+        if self.model == "two_tower":
+            chains = [[self.num_dense + self.query_features * self.dim, *self.query_mlp],
+                      [(self.num_features - self.query_features) * self.dim,
+                       *self.candidate_mlp]]
+        else:
+            pairs = (self.num_features + 1) * self.num_features // 2
+            chains = [[self.num_dense, *self.bottom_mlp, self.dim],
+                      [self.dim + pairs, *self.top_mlp, 1]]
+        # the candidate tower's last layer has no bias (model.py, TwoTower)
+        unbiased = self.candidate_mlp[-1] if self.model == "two_tower" else 0
+        return sum((a + 1) * b for chain in chains for a, b in itertools.pairwise(chain)) \
+            - unbiased
+
     @property
     def dim(self) -> int:
         """Embedding width on the wire and in the interaction, after reshape."""
@@ -125,6 +187,16 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration, as written into summary.json."""
         return dataclasses.asdict(self)
+
+
+def sample_group(values: Mapping[str, Any]) -> int:
+    """Consecutive samples a micro-batch must hold together under a config's `values` (a
+    file's mapping or a config's fields): a two-tower softmax group, whose queries score each
+    other's candidates; one sample for DLRM. The knobs' `JobShape.sample_group`."""
+    if values.get("model", TrainConfig.model) != "two_tower":
+        return 1
+    group = values.get("softmax_group", TrainConfig.softmax_group)
+    return group if isinstance(group, int) and group >= 1 else 1
 
 
 #: The trainer's collective purposes (trace/vocabulary.py) that run inside a sharding group.
@@ -220,8 +292,13 @@ def _require(ok: bool, key: str, problem: str) -> None:
 def validate(cfg: TrainConfig, world_size: int) -> None:
     """Check the values against each other and against the job shape; raise on the first problem."""
     for key in ("steps", "batch_size", "num_features", "num_tables", "embedding_dim",
-                "vocab_size", "bag_size", "num_dense"):
+                "vocab_size", "bag_size"):
         _require(getattr(cfg, key) >= 1, key, f"must be >= 1, got {getattr(cfg, key)}")
+    _require(cfg.model in MODELS, "model", f"must be one of {'|'.join(MODELS)}, got {cfg.model!r}")
+    # A two-tower model may have no dense features (TorchRec's retrieval example has none).
+    fewest_dense = 0 if cfg.model == "two_tower" else 1
+    _require(cfg.num_dense >= fewest_dense, "num_dense",
+             f"must be >= {fewest_dense}, got {cfg.num_dense}")
     for key in ("warmup_steps", "eval_batches", "num_workers"):
         _require(getattr(cfg, key) >= 0, key, f"must be >= 0, got {getattr(cfg, key)}")
     _require(cfg.warmup_steps < cfg.steps, "warmup_steps",
@@ -254,6 +331,36 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
              "layer widths must be >= 1")
     _require(cfg.batch_size % world_size == 0, "batch_size",
              f"must be a multiple of the world size ({world_size}), got {cfg.batch_size}")
-    shape = JobShape(world_size, cfg.batch_size, cfg.embedding_dim)
+    if cfg.model == "two_tower":
+        _validate_two_tower(cfg, world_size)
+    shape = JobShape(world_size, cfg.batch_size, cfg.embedding_dim, cfg.sample_group)
     for problem in problems(cfg.knobs(), shape):
         raise RecprofError(problem.config_error())
+
+
+def _validate_two_tower(cfg: TrainConfig, world_size: int) -> None:
+    """The towers' features, tables and widths, and softmax groups that tile each rank's batch."""
+    _require(1 <= cfg.query_features < cfg.num_features, "query_features",
+             f"must be >= 1 and < num_features ({cfg.num_features}): each tower needs a "
+             f"feature, got {cfg.query_features}")
+    _require(1 <= cfg.query_tables < cfg.num_tables, "query_tables",
+             f"must be >= 1 and < num_tables ({cfg.num_tables}): each tower needs a table of "
+             f"its own, got {cfg.query_tables}")
+    _require(cfg.query_tables <= cfg.query_features, "query_tables",
+             f"must be <= query_features ({cfg.query_features}): every table needs a feature, "
+             f"got {cfg.query_tables}")
+    candidates = cfg.num_features - cfg.query_features
+    _require(cfg.num_tables - cfg.query_tables <= candidates, "num_tables",
+             f"the candidate tower's {cfg.num_tables - cfg.query_tables} tables need as many "
+             f"features, it has {candidates}")
+    for key in ("query_mlp", "candidate_mlp"):
+        widths = getattr(cfg, key)
+        _require(bool(widths) and all(w >= 1 for w in widths), key,
+                 f"must list one or more widths >= 1, got {widths}")
+    _require(cfg.query_mlp[-1] == cfg.candidate_mlp[-1], "candidate_mlp",
+             f"must end in the query tower's width ({cfg.query_mlp[-1]}) for the dot product, "
+             f"got {cfg.candidate_mlp[-1]}")
+    _require(cfg.recall_k >= 1, "recall_k", f"must be >= 1, got {cfg.recall_k}")
+    per_rank = cfg.batch_size // world_size
+    _require(cfg.softmax_group >= 1 and per_rank % cfg.softmax_group == 0, "softmax_group",
+             f"must divide the per-rank batch ({per_rank}), got {cfg.softmax_group}")

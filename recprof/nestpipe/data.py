@@ -100,6 +100,9 @@ _MASK32 = 0xFFFFFFFF
 _QUANTILE_BITS = 20
 _INSIDE_BITS = 32 - _QUANTILE_BITS
 _SALT = 0xD1A7
+#: Two-tower data: a candidate bag repeats its query's draws when its 32-bit coin is below this
+#: (half of them).
+_LINKED = 1 << 31
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -177,7 +180,7 @@ class SyntheticSource:
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, _SALT]))
         perm = np.stack([rng.permutation(v) for _ in range(nf)])
         scores = rng.normal(0.0, cfg.signal_scale, (nf, v))
-        dense_w = rng.normal(0.0, 0.5 / np.sqrt(cfg.num_dense), cfg.num_dense)
+        dense_w = rng.normal(0.0, 0.5 / np.sqrt(max(cfg.num_dense, 1)), cfg.num_dense)
         self.quantile = torch.from_numpy(np.stack([quantile[:-1], quantile[1:]], axis=1)
                                          .astype(np.int32)).to(self.device)
         self.perm = torch.from_numpy(perm.reshape(-1).astype(np.int64)).to(self.device)
@@ -192,9 +195,10 @@ class SyntheticSource:
         return self.samples(stream, index, 0, self.cfg.batch_size)
 
     def _keys(self, stream: int, index: int) -> list[int]:
-        """The hash keys of one batch's dense values, bag lengths, ids and label coins."""
+        """The hash keys of one batch's dense values, bag lengths, ids, label coins and
+        (two-tower) which candidate bags repeat their query's draws."""
         batch = _hash_int(_hash_int(_hash_int(self.cfg.seed ^ _SALT) ^ stream) ^ index)
-        return [_hash_int(batch ^ quantity) for quantity in range(4)]
+        return [_hash_int(batch ^ quantity) for quantity in range(5)]
 
     def samples(self, stream: int, index: int, lo: int, hi: int) -> Batch:
         """Samples [lo, hi) of global batch `index`, equal to `global_batch(...).slice(lo, hi)`.
@@ -205,7 +209,7 @@ class SyntheticSource:
         """
         cfg, dev = self.cfg, self.device
         n, bag, nd = hi - lo, cfg.bag_size, cfg.num_dense
-        k_dense, _, _, k_coin = self._keys(stream, index)
+        k_dense, _, _, k_coin, _ = self._keys(stream, index)
         sparse = self._sparse(stream, index, lo, hi)
         sample = torch.arange(lo, hi, device=dev)
         # Dense: two 16-bit uniforms per value, summed: a triangle of unit variance.
@@ -250,7 +254,7 @@ class SyntheticSource:
         cfg, dev = self.cfg, self.device
         n, size, bag = hi - lo, cfg.batch_size, cfg.bag_size
         nf = cfg.num_features
-        _, k_length, k_id, _ = self._keys(stream, index)
+        _, k_length, k_id, _, k_link = self._keys(stream, index)
         sample = torch.arange(lo, hi, device=dev)
         feature = torch.arange(nf, device=dev)[:, None]
         lengths = 1 + ((_bits(feature * size + sample, k_length) * bag) >> 32)  # (nf, n)
@@ -265,7 +269,15 @@ class SyntheticSource:
             return torch.repeat_interleave(per_bag - starts, flat, output_size=total) + pos
 
         f_of = bags // n
-        h = _bits(per_slot((f_of * (size - n) + lo + bags) * bag), k_id)
+        counter = (f_of * (size - n) + lo + bags) * bag  # (feature, global sample) x bag
+        if cfg.model == "two_tower":
+            # Half the candidate bags draw their ids with the query's first feature's counters:
+            # the same Zipf positions, each feature's own permutation (`perm`) making them other
+            # raw ids. A query's candidate is then predictable from its ids, so recall measures
+            # what the towers learned; the other half are independent draws.
+            linked = (f_of >= cfg.query_features) & (_bits(counter, k_link) < _LINKED)
+            counter = torch.where(linked, (lo + bags % n) * bag, counter)
+        h = _bits(per_slot(counter), k_id)
         inside = h & ((1 << _INSIDE_BITS) - 1)
         first, last = self.quantile.index_select(0, h >> _INSIDE_BITS).long().unbind(1)
         at = first + ((inside * (last - first + 1)) >> _INSIDE_BITS)

@@ -153,7 +153,7 @@ class ShardedEmbeddings:
         self.cfg, self.groups, self.device = cfg, groups, device
         self.dim = cfg.dim
         self.layout = Layout(cfg.table_rows(), groups.group_size, cfg.sharding)
-        self.table_of_feature = [f % cfg.num_tables for f in range(cfg.num_features)]
+        self.table_of_feature = cfg.table_of_feature()
         # Tables' rows side by side in one key space (see _dedup).
         self._table_rows = torch.tensor(self.layout.rows, device=device)
         self._table_base = torch.cumsum(self._table_rows, 0) - self._table_rows

@@ -40,6 +40,8 @@ class JobShape:
     world_size: int
     global_batch: int | None = None
     embedding_dim: int | None = None
+    #: Consecutive samples a micro-batch keeps together (a two-tower model's softmax group).
+    sample_group: int = 1
 
     @property
     def per_rank_batch(self) -> int | None:
@@ -142,10 +144,19 @@ def _micro_batches(value: Any, shape: JobShape) -> tuple[str, str] | None:
     local = shape.per_rank_batch
     if value > MAX_MICRO_BATCHES:
         return f"must be <= {MAX_MICRO_BATCHES}", f"is above {MAX_MICRO_BATCHES}"
-    if local is not None and value > local:
+    if local is None:
+        return None
+    group = shape.sample_group
+    if group > 1:  # whole softmax groups per micro-batch: the loss must not depend on N
+        groups = local // group
+        if value > groups or groups % value:
+            return (f"must divide the per-rank batch's {groups} softmax groups of {group}",
+                    f"does not divide the per-rank batch's {groups} softmax groups of {group}")
+        return None
+    if value > local:
         return (f"must be <= the per-rank batch ({local})",
                 f"is larger than the per-rank batch {local}")
-    if local is not None and local % value:
+    if local % value:
         return (f"must divide the per-rank batch ({local})",
                 f"does not divide the per-rank batch {local}")
     return None
@@ -260,3 +271,13 @@ def knobs_label(knobs: Mapping[str, Any]) -> str:
             parts.append(f"{KNOBS[name].short if name in KNOBS else name}={value}")
     return " ".join(parts)
 
+
+
+def settings_on(knobs: Mapping[str, Any]) -> list[str]:
+    """`["fuse_tables=true", "qcomms=bf16"]`: the knobs that are on in the form the trainer's
+    settings label carries them (vocabulary.NESTPIPE_SETTINGS): each switch that is true, each
+    other knob away from the synchronous baseline. The analysis reads them back as settings
+    already on, so a finding never proposes turning on what this run had on."""
+    return [f"{name}={str(value).lower()}" for name, value in knobs.items()
+            if name in KNOBS and (value is True if isinstance(value, bool)
+                                  else value != KNOBS[name].baseline)]

@@ -86,7 +86,7 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
 
     group = cfg.group_size("embedding_rows_fwd", world)
     rows = cfg.table_rows()
-    tables_of = [f % cfg.num_tables for f in range(cfg.num_features)]
+    tables_of = cfg.table_of_feature()
     layout = Layout(rows, group, cfg.sharding)
     source = SyntheticSource(cfg)
     n = cfg.micro_batches
@@ -99,7 +99,8 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
         per = batch.size // world
         windows: Windows = {}
         for r in range(world):
-            micro = split(batch.slice(r * per, (r + 1) * per), n, cfg.clustering, rows, tables_of)
+            micro = split(batch.slice(r * per, (r + 1) * per), n, cfg.clustering, rows, tables_of,
+                          cfg.sample_group)
             ids = [_feature_ids(mb) for mb in micro]
             windows[r] = {}
             for t in range(cfg.num_tables):

@@ -8,7 +8,8 @@ One step, every stage under a stable `record_function` label (docs/nestpipe.md):
     nestpipe:embedding_a2a_fwd   owners gather rows, embedding all-to-alls started (async)
       nestpipe:lookup              inside it: the owners' row gather (index_select, encode)
     nestpipe:embedding_a2a_wait  waiting for the rows a micro-batch uses first
-    nestpipe:dense_fwd           pooling, dense forward and loss (per micro-batch)
+    nestpipe:dense_fwd           pooling, dense forward and loss (per micro-batch): DLRM's
+                                 interaction or the two towers' dot products
     nestpipe:dense_bwd           backward through the dense layers and the pooling
     nestpipe:grad_a2a_bwd        gradients of rows no later micro-batch uses, to their owners
                                  (all-to-all started, async)
@@ -42,7 +43,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.profiler import record_function
 
 from recprof.errors import RecprofError
@@ -50,13 +50,14 @@ from recprof.exit_race import avoid_gloo_exit_abort
 from recprof.nestpipe.config import TrainConfig
 from recprof.nestpipe.data import EVAL_STREAM, TRAIN_STREAM, Batch, Feed
 from recprof.nestpipe.embedding import ShardedEmbeddings, Window
-from recprof.nestpipe.metrics import roc_auc
+from recprof.nestpipe.knobs import KNOBS, settings_on
 from recprof.nestpipe.microbatch import split
-from recprof.nestpipe.model import DenseArch
+from recprof.nestpipe.model import make_model
 from recprof.nestpipe.schedule import make_schedule
 from recprof.nestpipe.sharding import Groups, make_groups
 from recprof.nestpipe.state import gather_state
-from recprof.nestpipe.summary import METRICS_FILE, SUMMARY_SCHEMA, write_summary
+from recprof.nestpipe.summary import EVAL_METRICS, METRICS_FILE, SUMMARY_SCHEMA, write_summary
+from recprof.trace.vocabulary import NESTPIPE_SETTINGS
 
 BYTE_KINDS = ("key_a2a", "embedding_a2a_fwd", "grad_a2a_bwd", "hsp_allreduce", "dense_allreduce",
               "dbp_refresh")
@@ -78,9 +79,7 @@ class Trainer:
         self.dtype = cfg.float_dtype()
         torch.manual_seed(cfg.seed)  # same dense initialisation on every rank and world size
         # Initialised in float32 and then cast, so a float64 run starts where a float32 one does.
-        self.model = DenseArch(
-            cfg.num_dense, cfg.num_features, cfg.dim, cfg.bottom_mlp, cfg.top_mlp
-        ).to(device, self.dtype)
+        self.model = make_model(cfg).to(device, self.dtype)
         self.params = list(self.model.parameters())
         self.optimizer = _dense_optimizer(cfg, self.params)
         self.embeddings = ShardedEmbeddings(cfg, groups, device)
@@ -99,7 +98,7 @@ class Trainer:
         cfg, emb = self.cfg, self.embeddings
         with record_function("nestpipe:key_routing"):
             micro = split(batch, cfg.micro_batches, cfg.clustering, cfg.table_rows(),
-                          emb.table_of_feature)
+                          emb.table_of_feature, cfg.sample_group)
             window = emb.route(micro, previous, group=group)
         with record_function("nestpipe:embedding_a2a_fwd"):
             emb.fetch_start(window)
@@ -127,8 +126,7 @@ class Trainer:
             with record_function("nestpipe:embedding_a2a_wait"):
                 emb.fetch_wait(window, i)
             with record_function("nestpipe:dense_fwd"):
-                logits = self.model(mb.dense, emb.pool(window, i))
-                loss = F.binary_cross_entropy_with_logits(logits, mb.labels, reduction="sum")
+                loss = self.model.loss_sum(mb.dense, emb.pool(window, i), mb.labels)
             with record_function("nestpipe:dense_bwd"):
                 (loss / cfg.batch_size).backward()
                 loss_sum += loss.detach()
@@ -161,11 +159,15 @@ class Trainer:
         return float(flat[-1]) / cfg.batch_size, touched
 
     @torch.no_grad()
-    def evaluate(self, batches: int) -> tuple[float | None, float | None]:
-        """Eval AUC and mean BCE over held-out global batches, gathered to every rank."""
+    def evaluate(self, batches: int) -> dict[str, float | None]:
+        """The model's quality metrics (`QUALITY_METRICS` it computes: eval AUC or recall, and
+        the eval loss) over held-out global batches, gathered to every rank. A two-tower
+        model's recall ranks each query's candidate among every candidate of its global eval
+        batch, so the metric is the same on any world size."""
+        metrics: dict[str, float | None] = dict.fromkeys(EVAL_METRICS)
         if batches == 0:
-            return None, None
-        scores, labels = [], []
+            return metrics
+        rows = []
         feed = Feed(self.cfg, EVAL_STREAM, batches, self.groups.rank, self.groups.world, 0,
                     self.device, self.dtype)
         with record_function("nestpipe:eval"):
@@ -173,14 +175,18 @@ class Trainer:
                 batch = feed.next()
                 window = self.embeddings.route([batch], requires_grad=False)
                 self.embeddings.fetch(window)
-                scores.append(self.model(batch.dense, self.embeddings.pool(window, 0)))
-                labels.append(batch.labels)
-        local = torch.stack([torch.cat(scores), torch.cat(labels)])
+                rows.append(self.model.eval_rows(batch.dense, self.embeddings.pool(window, 0),
+                                                 batch.labels))
+        local = torch.cat(rows, dim=1).contiguous()
         gathered = [torch.empty_like(local) for _ in range(self.groups.world)]
         dist.all_gather(gathered, local)
-        both = torch.cat(gathered, dim=1).double().cpu()
-        loss = F.binary_cross_entropy_with_logits(both[0], both[1]).item()
-        return roc_auc(both[0].numpy(), both[1].numpy()), loss
+        # Back in global sample order, batch by batch: rank r holds samples [r*b, (r+1)*b) of
+        # each global batch.
+        per_rank = local.shape[1] // batches
+        both = torch.cat([g[:, i * per_rank:(i + 1) * per_rank]
+                          for i in range(batches) for g in gathered], dim=1)
+        metrics.update(self.model.eval_metrics(both.double().cpu()))
+        return metrics
 
 
 def choose_backend(requested: str) -> str:
@@ -258,8 +264,13 @@ def train(
                 device, trainer.dtype)
     walls, waits, loss = [], [], float("nan")
     schedule = make_schedule(trainer, feed)
+    on = settings_on({k: getattr(cfg, k) for k in KNOBS})
+    settings = f"{NESTPIPE_SETTINGS} {' '.join(on)}" if on else None
     for step in range(cfg.steps):
         t0 = time.perf_counter()
+        if settings is not None:  # the knobs on, in every recorded step (docs/nestpipe.md)
+            with record_function(settings):
+                pass
         loss, _ = schedule.step(last=step + 1 == cfg.steps)
         walls.append(time.perf_counter() - t0)
         waits.append(feed.take_wait())
@@ -271,7 +282,7 @@ def train(
     if metrics_fh is not None:
         metrics_fh.close()
     bytes_per_step = _bytes_per_step(trainer, cfg.steps)
-    eval_auc, eval_loss = trainer.evaluate(cfg.eval_batches)
+    quality = trainer.evaluate(cfg.eval_batches)
     if save_state is not None:
         gather_state(trainer.embeddings, trainer.model, trainer.optimizer, save_state)
     steady = walls[cfg.warmup_steps :]
@@ -284,8 +295,7 @@ def train(
         "data_wait_share": sum(waits[cfg.warmup_steps :]) / sum(steady),
         "steady_steps": len(steady),
         "final_loss": loss,
-        "eval_auc": eval_auc,
-        "eval_loss": eval_loss,
+        **quality,
         "bytes_per_step": bytes_per_step,
         "wall_s": time.perf_counter() - started,
     }

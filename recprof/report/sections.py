@@ -69,6 +69,8 @@ class Table:
 class FindingList:
     findings: list[Finding]
     empty_text: str  # shown when no rule fired
+    #: Per finding, the what-if's prediction for its knobs in words ("" where none).
+    predicted: list[str] = field(default_factory=list)
     kind: ClassVar[str] = "findings"
 
 

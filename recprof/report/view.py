@@ -14,8 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from recprof import units
-from recprof.analysis.frameworks import framework_line
+from recprof.analysis.diagnosis import prediction_text
+from recprof.analysis.frameworks import framework_line, knobs_on_line
 from recprof.analysis.model import CollectiveStats, JobAnalysis, StageTime, StepMetrics
+from recprof.analysis.stages import waiting_note
 from recprof.report import figures
 from recprof.report.sections import (
     Bullets,
@@ -89,6 +91,16 @@ def _verdict(job: JobAnalysis, anchor: str) -> Section:
                     Paragraph(job_shape(job), css="shape"),
                     Paragraph(framework_line(job.framework, job.framework_evidence),
                               css="shape")]
+    if job.knobs_on:
+        blocks.append(Paragraph(knobs_on_line(job.knobs_on), css="shape"))
+    if job.outlier_steps:
+        blocks.append(Bullets(
+            [f"{o.text[0].upper()}{o.text[1:]}." for o in job.outlier_steps],
+            heading="Outlier steps, left out of every per-step figure (outliers: "
+                    "docs/analysis.md)", css="outliers"))
+    varying = next((r.steps_vary for r in job.ranks if r.steps_vary), None)
+    if varying:
+        blocks.append(Paragraph(f"Steps: {varying}.", css="warnings"))
     if job.run is not None and job.run.window_warning:
         blocks.append(Paragraph(f"Recorded window: {job.run.window_warning}.",
                                 css="warnings"))
@@ -141,6 +153,8 @@ def _stage_row(name: str, stage: StageTime, job: JobAnalysis) -> list[Cell]:
         Cell(f"{units.share(stage.time_us_per_step, step):.1f}%",
              sort=stage.time_us_per_step, css="num"),
         _ms_cell(stage.exposed_us_per_step, of=step),
+        Cell(units.ms_cell(stage.waiting_us_per_step), sort=stage.waiting_us_per_step / 1000,
+             sub=waiting_note(stage, job.skew) or None, css="num"),
         Cell(f"{min(spread) / 1000:.2f}–{max(spread) / 1000:.2f}", sort=max(spread), css="num"),
     ]
 
@@ -153,7 +167,8 @@ def _stages(job: JobAnalysis, anchor: str) -> Section:
             css="muted")])
     table = Table(
         columns=[Column("stage"), Column("ms/step", True), Column("% of step", True),
-                 Column("exposed ms/step", True), Column("range over ranks", True)],
+                 Column("exposed ms/step", True), Column("of it waiting", True),
+                 Column("range over ranks", True)],
         rows=[_stage_row(name, st, job) for name, st in job.stages.items()], css="stages")
     work = devices.of_document(job.device_kind).work
     return Section(f"{anchor}-stages", title, [table], note=(
@@ -161,7 +176,9 @@ def _stages(job: JobAnalysis, anchor: str) -> Section:
         f"{work} and collectives launched inside them), mean over ranks; exposed is the part "
         "no other stage's compute runs under. Stages overlap in a pipelined job (the next "
         "batch's input dist under this batch's forward), so the times do not add up to the "
-        "step. Stage rules: docs/analysis.md, Stages."))
+        "step. Of it waiting: the exposed time its collectives spent waiting for later ranks "
+        "(a stage that mostly waits is not slow: the late rank is). Stage rules: "
+        "docs/analysis.md, Stages."))
 
 
 def _timeline(job: JobAnalysis, anchor: str, figs: dict) -> Section:
@@ -405,7 +422,8 @@ def _findings(job: JobAnalysis, anchor: str) -> Section:
                f"{units.percent(m.idle, m.step)} of a {units.duration(m.step)} step; every "
                f"rule's threshold is in docs/diagnosis.md.")
     return Section(f"{anchor}-findings", "Findings, ranked by recoverable time per step",
-                   [FindingList(job.findings, nothing)],
+                   [FindingList(job.findings, nothing,
+                                [prediction_text(f) for f in job.findings])],
                    note="Rules, thresholds and how each estimate is made: docs/diagnosis.md "
                         "in recprof.")
 

@@ -497,6 +497,18 @@ def fatal_path(run_dir: Path, rank: int) -> Path:
     return run_dir / META / f"rank{rank}.fatal.txt"
 
 
+def remove_empty_fatal_reports(run_dir: Path) -> None:
+    """Delete the fatal-signal reports that stayed empty (every rank that did not crash): the
+    file is opened at the rank's start, as faulthandler needs, and can only be judged once the
+    job has ended, since a crash at interpreter teardown still writes to it."""
+    for path in (run_dir / META).glob("rank*.fatal.txt"):
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            continue  # gone already, or not ours to remove: the manifest reads what is there
+
+
 # faulthandler's first line names the signal in words (CPython's faulthandler.c table).
 FATAL_SIGNALS = {
     "Aborted": "SIGABRT",

@@ -110,6 +110,21 @@ class CaptureFolder:
         return command if isinstance(command, list) and all(
             isinstance(t, str) for t in command) else None
 
+    @property
+    def cwd(self) -> Path | None:
+        """The folder the command ran in (the manifest's; older captures do not say)."""
+        cwd = self.manifest.get("cwd")
+        return Path(cwd) if isinstance(cwd, str) else None
+
+    @property
+    def profiler_cost(self) -> float | None:
+        """What recording cost the window, capture's measure: the recorded steps' median over
+        the unprofiled steps' median, minus 1 (the manifest's window check); None without
+        one."""
+        check = self.manifest.get("window_check")
+        ratio = check.get("ratio") if isinstance(check, dict) else None
+        return ratio - 1 if isinstance(ratio, (int, float)) else None
+
     def rendezvous(self) -> dict[str, str]:
         """The rendezvous values its ranks were given (`RENDEZVOUS_ENV`), where known."""
         found: dict[str, str] = {}

@@ -131,7 +131,9 @@ class WindowCheck:
     # around it), the recorded steps' excess over that pace is the profiler's own cost:
     # window median / steady median - 1. None when the two sides do not agree.
     profiler_overhead: float | None = None
-    note: str | None = None  # one line for the summary when the profiler's cost is the difference
+    #: One line for the summary when the window is representative: the profiler's cost when
+    #: that is the difference, else how close the window ran to the unprofiled steps.
+    note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,6 +195,13 @@ def check_window(logs: Sequence[Sequence[StepRecord]], schedule: Schedule) -> Wi
             f"{steady[-1]}: {_duration(steady_median)}, within {SETTLE_TOLERANCE:.0%} of each "
             f"other): the job was settled, the difference is the profiler's own cost "
             f"({_signed_duration(window_median - steady_median)} per step, {overhead:+.0%})"
+        )
+    else:
+        note = (
+            f"recorded steps {window[0]}-{window[-1]} ran at {_duration(window_median)} per step "
+            f"(median), {ratio:.3g}x the {_duration(steady_median)} of unprofiled steps "
+            f"{steady[0]}-{steady[-1]}: representative of the run (limit "
+            f"±{WINDOW_DEVIATION_LIMIT:.0%})"
         )
     return WindowCheck(
         window_steps=[window[0], window[-1]],

@@ -50,9 +50,9 @@ from recprof.trace.build import (
     _Interner,
     _no_collection,
     _step_number,
-    host_waits,
+    _Threads,
+    host_calls,
 )
-from recprof.trace.devices import facts
 from recprof.trace.model import (
     Activities,
     ActivityClass,
@@ -463,8 +463,7 @@ class _Builder:
         tasks: list[tuple[_Timed, dict[str, Any]]] = []
         ops: list[tuple[_Timed, dict[str, Any]]] = []
         planes: list[tuple[_Timed, dict[str, Any], int]] = []
-        waited_in = facts(DeviceKind.NPU).host_waits
-        waits: list[tuple[float, float, str]] = []  # AscendCL calls that wait for the device
+        calls: list[tuple[float, float, str, Any, Any]] = []  # AscendCL runtime calls
         for e in read.events:
             process = role.get(e.pid)
             low = e.cat.lower()
@@ -479,8 +478,7 @@ class _Builder:
                     continue
                 host_ops.append((e.start, e.end, e.name, e.pid, e.tid, {}, low))
             elif process == RUNTIME_PROCESS:
-                if e.name in waited_in:
-                    waits.append((e.start, e.end, e.name))
+                calls.append((e.start, e.end, e.name, e.pid, e.tid))
                 conn = self._args(e).get("connection_id")
                 if conn is not None:
                     runtime[conn] = (e.start, e.pid, e.tid)
@@ -502,7 +500,8 @@ class _Builder:
         main_tid = step_tids.most_common(1)[0][0] if step_tids else None
         if main_tid is None and host_ops:
             main_tid = Counter((op[3], op[4]) for op in host_ops).most_common(1)[0][0]
-        host = _HostColumns.of(host_ops, main_tid)
+        threads = _Threads(main_tid)
+        host = _HostColumns.of(host_ops, main_tid, threads)
         launches = self._launches(main_tid)
         rows = _Rows()
         hccl_conns = {a["connection_id"] for _, a in ops if "connection_id" in a}
@@ -538,9 +537,11 @@ class _Builder:
         host_fields = host.trace_fields(self.names)
         return RankTrace(
             header=header, lanes=self.lanes.values, names=self.names.values,
-            activities=rows.activities(), steps=steps, **host_fields,
-            warnings=self.warnings, subtasks=subtasks,
-            host_waits=host_waits(waits, waited_in, self.names))
+            steps=steps, **host_fields,
+            warnings=self.warnings, subtasks=subtasks, threads=threads.values,
+            main_thread=threads.main,
+            host_calls=host_calls(calls, DeviceKind.NPU, self.names, threads),
+            activities=rows.activities(threads.main))
 
     def _launches(self, main_tid: tuple[Any, Any] | None) -> _Launches:
         """When the torch op that issued each device event started, and whether on the main
@@ -798,7 +799,9 @@ class _Rows:
         self.wait.append(wait)
         self.peer_wait.append(peer_wait)
 
-    def activities(self) -> Activities:
+    def activities(self, main_thread: int) -> Activities:
+        """The columns sorted by start; a task issued on the main thread names it as its
+        launching thread (the flows say no more of other threads)."""
         start = np.array(self.start, dtype=np.float64)
         order = np.argsort(start, kind="stable")
         n = len(self.start)
@@ -820,4 +823,6 @@ class _Rows:
             launched_on_main=np.array(self.on_main, dtype=bool)[order],
             coll_floating=np.full(n, -1, dtype=np.int8),
             coll_wait=np.array(self.wait, dtype=np.float64)[order],
-            coll_peer_wait=peer_wait[order])
+            coll_peer_wait=peer_wait[order],
+            launch_thread=np.where(np.array(self.on_main, dtype=bool), main_thread,
+                                   -1).astype(np.int32)[order])

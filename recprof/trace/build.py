@@ -24,11 +24,13 @@ from recprof.trace.model import (
     Activities,
     ActivityClass,
     DeviceKind,
+    HostCall,
     HostSpans,
     LabelSpans,
     RankTrace,
     Step,
     StreamWaits,
+    ThreadSpans,
     TraceHeader,
 )
 from recprof.trace.reader import CheckedEvent, RawTrace, TraceEvent, TraceFileError
@@ -36,6 +38,7 @@ from recprof.trace.shapes import ELEMENTWISE, op_bytes
 from recprof.trace.vocabulary import (
     COLLECTIVE_KINDS,
     PURPOSES,
+    SETTING_MARK,
     STAGES,
     all_to_all_sends,
     collective_kind,
@@ -48,6 +51,7 @@ from recprof.trace.vocabulary import (
     label_meaning,
     message_bytes,
     payload_floating,
+    settings_signed,
 )
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -77,9 +81,6 @@ _MAX_ID = sanitize.MAX_COUNT
 #: The arguments of a host op that is not a collective call: never read, so never decoded
 #: (shared, and never written to).
 _UNREAD: dict[str, Any] = {}
-#: The runtime calls in which a host waits for its device, of every kind of device the build
-#: reads (`DeviceFacts.host_waits`); those of the trace's own kind are kept.
-_HOST_WAIT_CALLS = frozenset().union(*(device_facts(k).host_waits for k in DeviceKind))
 
 
 # start, end, name, pid, tid, args, category
@@ -87,9 +88,10 @@ _HostOp = tuple[float, float, str, Any, Any, dict[str, Any], str]
 # A device event with its fields checked (sanitize): start, end, category, name, pid, tid, args
 _DeviceEvent = tuple[float, float, str, str, Any, Any, dict[str, Any]]
 # start, end, class, lane, name, launch, collective kind, group, bytes, bytes sent per peer,
-# launched from the main thread, floating-point payload (1, 0, -1 unknown), launch call's end
+# launched from the main thread, floating-point payload (1, 0, -1 unknown), launch call's end,
+# launching thread (index into the threads, -1 unknown)
 _Row = tuple[float, float, int, int, int, float, int, int, float, tuple[float, ...] | None, bool,
-             int, float]
+             int, float, int]
 _STAGE_INDEX = {stage: i for i, stage in enumerate(STAGES)}
 _PURPOSE_INDEX = {purpose: i for i, purpose in enumerate(PURPOSES)}
 
@@ -332,7 +334,7 @@ def _build(raw: RawTrace) -> RankTrace:
     gloo_ops: list[_HostOp] = []
     stream_waits: list[tuple[float, Any, dict[str, Any]]] = []  # ts, device pid, args
     event_records: list[int] = []  # correlation ids of the runtime calls that record events
-    waits: list[tuple[float, float, str]] = []  # runtime calls that may wait for the device
+    runtime: list[tuple[float, float, str, Any, Any]] = []  # start, end, name, pid, tid
     # Elementwise ops, their arguments still undecoded: read only if the device queues work.
     elementwise: list[tuple[str, CheckedEvent | TraceEvent]] = []
     kernel_ids: list[tuple[Any, float]] = []  # each kernel's External id and duration
@@ -392,8 +394,7 @@ def _build(raw: RawTrace) -> RankTrace:
             if cat in _KERNEL_CATS and "External id" in args:
                 kernel_ids.append((args["External id"], dur))
         elif cat_role is _RUNTIME:
-            if name in _HOST_WAIT_CALLS:
-                waits.append((ts, end, name))
+            runtime.append((ts, end, name, pid, tid))
             corr = sanitize.count(raw.correlation(ev))
             if corr is not None and name in _EVENT_RECORDS:
                 event_records.append(corr)
@@ -436,8 +437,9 @@ def _build(raw: RawTrace) -> RankTrace:
     main_tid = step_tids.most_common(1)[0][0] if step_tids else None
     if main_tid is None and host_ops:
         main_tid = Counter((op[3], op[4]) for op in host_ops).most_common(1)[0][0]
+    threads = _Threads(main_tid)
 
-    host = _HostColumns.of(host_ops, main_tid)  # sorted by start, outer first
+    host = _HostColumns.of(host_ops, main_tid, threads)  # sorted by start, outer first
     host_ops = [host_ops[i] for i in host.order]
     markers: dict[tuple[Any, Any], list[_Marker]] = defaultdict(list)
     for start, end, name, pid, tid, args, _cat in host_ops:
@@ -451,16 +453,21 @@ def _build(raw: RawTrace) -> RankTrace:
     marker_starts = {key: np.array([m.start for m in ms]) for key, ms in markers.items()}
 
     if device_kind in (DeviceKind.CPU,):
-        rows = _cpu_rows(host, host_ops, gloo_ops, main_tid, names, lanes, header.world_size)
+        rows = _cpu_rows(host, host_ops, gloo_ops, main_tid, names, lanes, header.world_size,
+                         threads)
     else:
         lane_of = _lane_namer(device_kind)
         rows = _Rows.of([_device_row(ev, launches, markers, marker_starts, names, lanes, main_tid,
-                                     lane_of) for ev in device_events])
+                                     lane_of, threads) for ev in device_events])
     if not len(rows.start):
         warnings.append(f"{raw.path}: no device activity found; every step reads as idle")
     header.devices = sorted({ev[4] for ev in device_events if type(ev[4]) is int})
     host_fields = host.trace_fields(names)
-    queued = device_facts(device_kind).queues_work
+    device = device_facts(device_kind)
+    for name, count in Counter(c[2] for c in runtime).items():
+        for setting in settings_signed(name):  # runtime calls that say a setting is on
+            marks = host_fields["framework_marks"]
+            marks[SETTING_MARK + setting] = marks.get(SETTING_MARK + setting, 0) + count
 
     return RankTrace(
         header=header,
@@ -472,19 +479,44 @@ def _build(raw: RawTrace) -> RankTrace:
         stream_waits=_stream_waits(stream_waits, device_events, sorted(event_records), lanes,
                                    _lane_namer(device_kind)),
         warnings=warnings,
-        host_waits=host_waits(waits, device_facts(device_kind).host_waits, names),
-        elementwise=(_elementwise_kernels(raw, elementwise, kernel_ids) if queued
+        threads=threads.values,
+        main_thread=threads.main,
+        host_calls=host_calls(runtime, device_kind, names, threads),
+        elementwise=(_elementwise_kernels(raw, elementwise, kernel_ids) if device.queues_work
                      else np.zeros((0, 2))),
     )
 
 
-def host_waits(calls: list[tuple[float, float, str]], kept: frozenset[str],
-                names: _Interner) -> HostSpans:
-    """The runtime calls among `calls` named in `kept` (the device kind's host waits)."""
-    calls = [c for c in calls if c[2] in kept]
-    return HostSpans(start=np.array([c[0] for c in calls], dtype=np.float64),
-                     end=np.array([c[1] for c in calls], dtype=np.float64),
-                     name=np.array([names(c[2]) for c in calls], dtype=np.int32))
+class _Threads(_Interner):
+    """Host threads by "pid:tid", the main thread (the one that runs the steps) first."""
+
+    def __init__(self, main: tuple[Any, Any] | None) -> None:
+        super().__init__()
+        self._by_key: dict[tuple[Any, Any], int] = {}
+        self.main = self.of(*main) if main is not None else -1
+
+    def of(self, pid: Any, tid: Any) -> int:
+        key = (pid, tid)
+        found = self._by_key.get(key)
+        if found is None:
+            found = self._by_key[key] = self(f"{pid}:{tid}")
+        return found
+
+
+def host_calls(calls: list[tuple[float, float, str, Any, Any]], kind: DeviceKind,
+               names: _Interner, threads: _Threads) -> ThreadSpans:
+    """Runtime calls (start, end, name, pid, tid) as columns sorted by start, each with its
+    role by name in the device kind's facts: allocator, sync (a host wait), else launch."""
+    facts = device_facts(kind)
+    role_of = {**dict.fromkeys(facts.allocator_calls, HostCall.ALLOCATOR),
+               **dict.fromkeys(facts.host_waits, HostCall.SYNC)}
+    calls = sorted(calls, key=lambda c: (c[0], -c[1]))
+    return ThreadSpans(
+        start=np.array([c[0] for c in calls], dtype=np.float64),
+        end=np.array([c[1] for c in calls], dtype=np.float64),
+        name=np.array([names(c[2]) for c in calls], dtype=np.int32),
+        thread=np.array([threads.of(c[3], c[4]) for c in calls], dtype=np.int32),
+        role=np.array([role_of.get(c[2], HostCall.LAUNCH) for c in calls], dtype=np.int8))
 
 
 def _elementwise_kernels(raw: RawTrace, ops: list[tuple[str, CheckedEvent | TraceEvent]],
@@ -521,25 +553,32 @@ class _HostColumns:
     names: list[str]  # the distinct names
     main: np.ndarray  # on the thread that runs the steps
     aten: np.ndarray  # an ATen op (cat `cpu_op`/`Operator`), not a `record_function` label
+    thread: np.ndarray  # index into the trace's threads
 
     @classmethod
-    def of(cls, host_ops: list[_HostOp], main_tid: tuple[Any, Any] | None) -> _HostColumns:
+    def of(cls, host_ops: list[_HostOp], main_tid: tuple[Any, Any] | None,
+           threads: _Threads) -> _HostColumns:
         n = len(host_ops)
         cols: list[Any] = list(zip(*host_ops, strict=True)) if n else [()] * 7
         start = np.array(cols[0], dtype=np.float64)
         end = np.array(cols[1], dtype=np.float64)
         # Equal to a stable sort on (start, -end): the position breaks the remaining ties.
         order = np.lexsort((np.arange(n), -end, start))
-        index: dict[str, int] = {}
-        name = np.array([index.setdefault(x, len(index)) for x in cols[2]], dtype=np.int32)
-        main = np.array([key == main_tid for key in zip(cols[3], cols[4], strict=True)],
-                        dtype=bool)
+        # Mapped through dicts built once per distinct value: a CPU run has 100,000 ops of a
+        # few dozen names on a few threads.
+        index = {x: i for i, x in enumerate(dict.fromkeys(cols[2]))}
+        name = np.fromiter(map(index.__getitem__, cols[2]), dtype=np.int32, count=n)
+        keys = list(zip(cols[3], cols[4], strict=True))
+        of_key = {key: threads.of(*key) for key in dict.fromkeys(keys)}
+        thread = np.fromiter(map(of_key.__getitem__, keys), dtype=np.int32, count=n)
+        main = thread == threads.main if main_tid is not None else np.zeros(n, dtype=bool)
         cats = np.array(cols[6], dtype=object)
         aten = np.zeros(n, dtype=bool)
         for cat in _ATEN_OP_CATS:
             aten |= cats == cat
         return cls(order=order, start=start[order], end=end[order], name=name[order],
-                   names=list(index), main=main[order], aten=aten[order])
+                   names=list(index), main=main[order], aten=aten[order],
+                   thread=thread[order])
 
     def trace_fields(self, names: _Interner) -> dict[str, Any]:
         """The host-side fields of a `RankTrace`, whatever format the trace came in (Kineto
@@ -553,6 +592,9 @@ class _HostColumns:
             "lookups": self.spans(self.named(is_lookup_op), names),
             "labels": self.label_spans(),
             "framework_marks": self.framework_marks(),
+            "host_ops": ThreadSpans(self.start, self.end,
+                                    self.name_ids(np.ones(len(self.start), dtype=bool), names),
+                                    self.thread, aten=self.aten),
         }
 
     def named(self, test: Any) -> np.ndarray:
@@ -588,14 +630,17 @@ class _HostColumns:
 
     def framework_marks(self) -> dict[str, int]:
         """How many host names carry each framework's signature (vocabulary.framework_sign),
-        in the order the frameworks first appear."""
+        and each setting's (`setting:qcomms=fp16`, vocabulary.settings_signed), in the order
+        they first appear."""
         counts = np.bincount(self.name, minlength=len(self.names))
         present, first = np.unique(self.name, return_index=True)
         marks: dict[str, int] = {}
         for local in present[np.argsort(first)].tolist():
-            framework = framework_sign(self.names[local])
-            if framework is not None:
-                marks[framework] = marks.get(framework, 0) + int(counts[local])
+            name = self.names[local]
+            signed = [SETTING_MARK + s for s in settings_signed(name)]
+            for mark in (framework_sign(name), *signed):
+                if mark:
+                    marks[mark] = marks.get(mark, 0) + int(counts[local])
         return marks
 
 
@@ -617,10 +662,11 @@ class _Rows:
     launched_on_main: np.ndarray
     coll_floating: np.ndarray
     launch_end: np.ndarray
+    launch_thread: np.ndarray
 
     @classmethod
     def of(cls, rows: list[_Row]) -> _Rows:
-        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 13
+        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * 14
         sends = np.empty(len(rows), dtype=object)
         sends[:] = list(cols[9])
         return cls(*(np.asarray(c, dtype=t) if t is not object else sends
@@ -637,7 +683,7 @@ class _Rows:
 
 
 _ROW_TYPES = (np.float64, np.float64, np.int8, np.int32, np.int32, np.float64, np.int16,
-              np.int32, np.float64, object, bool, np.int8, np.float64)
+              np.int32, np.float64, object, bool, np.int8, np.float64, np.int32)
 
 
 _LaneNamer = Callable[[Any, Any], str]  # (device, stream) -> lane name
@@ -743,6 +789,7 @@ def _device_row(
     lanes: _Interner,
     main_tid: tuple[Any, Any] | None,
     lane_of: _LaneNamer,
+    threads: _Threads,
 ) -> _Row:
     start, end, cat, name, pid, tid, args = ev
     lane = lanes(lane_of(pid, args.get("stream", tid)))
@@ -783,8 +830,9 @@ def _device_row(
             payload = marker.floating
         floating = -1 if payload is None else int(payload)
     on_main = launch is None or (launch[1], launch[2]) == main_tid
+    thread = threads.of(launch[1], launch[2]) if launch else -1
     return (start, end, int(klass), lane, names(name), launch_ts, kind_idx, group_idx, nbytes,
-            sends, on_main, floating, launch_end)
+            sends, on_main, floating, launch_end, thread)
 
 
 #: Enqueues looked at for one transfer: the pairing only ever skips a few.
@@ -818,6 +866,7 @@ def _cpu_rows(
     names: _Interner,
     lanes: _Interner,
     world_size: int | None,
+    threads: _Threads,
 ) -> _Rows:
     """CPU-only runs: compute is the main thread's op time; communication is the gloo transfer
     on its runloop thread plus the collective's enqueue on the main thread.
@@ -874,11 +923,12 @@ def _cpu_rows(
     for start, end, name, _pid, tid, args, _cat in sorted(gloo_ops, key=lambda op: op[0]):
         kind = collective_kind(name) or "unknown"
         size = message_bytes(args)
-        launch, sends, on_main = start, None, False
+        launch, sends, on_main, thread = start, None, False, -1
         payload = payload_floating(args)
         enqueue_op = _enqueue_of(enqueued.get(kind), start, size)
         if enqueue_op is not None:
             launch, on_main = enqueue_op[0], (enqueue_op[3], enqueue_op[4]) == main_tid
+            thread = threads.of(enqueue_op[3], enqueue_op[4])
             if kind == "all_to_all":
                 sends = all_to_all_sends(enqueue_op[5], world_size)
             if on_main:
@@ -888,7 +938,7 @@ def _cpu_rows(
         rows.append((start, end, int(ActivityClass.COMM), lanes(f"gloo thread {tid}"),
                      names(name), launch, _KIND_INDEX[kind], -1,
                      float(size) if size is not None else nan, sends, on_main,
-                     -1 if payload is None else int(payload), launch))
+                     -1 if payload is None else int(payload), launch, thread))
 
     chosen = enqueue | compute
     n = int(chosen.sum())
@@ -899,7 +949,8 @@ def _cpu_rows(
         launch=host.start[chosen], coll_kind=np.full(n, -1, dtype=np.int16),
         coll_group=np.full(n, -1, dtype=np.int32), coll_bytes=np.full(n, nan),
         coll_sends=np.full(n, None, dtype=object), launched_on_main=np.ones(n, dtype=bool),
-        coll_floating=np.full(n, -1, dtype=np.int8), launch_end=host.start[chosen])
+        coll_floating=np.full(n, -1, dtype=np.int8), launch_end=host.start[chosen],
+        launch_thread=np.full(n, threads.main, dtype=np.int32))
     waits = _blocking_waits(host, compute, candidate, transfer_end)
     return _Rows.concat([_cut_waits(main_rows, np.flatnonzero(compute[chosen]), waits),
                          _Rows.of(rows)])

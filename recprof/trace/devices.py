@@ -41,6 +41,17 @@ class DeviceFacts:
     #: device synchronize, a synchronous copy): time the host is ahead of the device, in which
     #: host work a change adds can hide (whatif/device.py).
     host_waits: frozenset[str] = frozenset()
+    #: The runtime calls that take or give back device (and pinned host) memory, the ones a
+    #: caching allocator makes when it frees its cache and allocates again first: that time
+    #: shows up here, not as launches.
+    allocator_calls: tuple[str, ...] = ()
+    #: How a job turns the caching allocator's behaviour, where the vendor's runtime has such a
+    #: setting (the knob the allocator finding names).
+    allocator_knob: str | None = None
+    #: Whether the host's op is where it issues the device's work: torch_npu's ops hand their
+    #: tasks to a queue that submits them later, on another thread, so an op's own time is its
+    #: launch (a CUDA op's launch is the runtime call inside it).
+    ops_issue_work: bool = False
 
 
 _FACTS: dict[DeviceKind, DeviceFacts] = {
@@ -48,12 +59,25 @@ _FACTS: dict[DeviceKind, DeviceFacts] = {
                                  work="kernels", concurrent_sharing="the CUDA MPS daemon",
                                  host_waits=frozenset({
                                      "cudaStreamSynchronize", "cudaDeviceSynchronize",
-                                     "cudaEventSynchronize", "cudaMemcpy"})),
+                                     "cudaEventSynchronize", "cudaMemcpy"}),
+                                 allocator_calls=(
+                                     "cudaMalloc", "cudaFree", "cudaMallocHost", "cudaFreeHost",
+                                     "cudaHostAlloc", "cudaHostRegister", "cudaHostUnregister",
+                                     "cudaMallocAsync", "cudaFreeAsync", "cuMemAlloc_v2",
+                                     "cuMemFree_v2", "cuMemCreate", "cuMemRelease", "cuMemMap",
+                                     "cuMemUnmap", "cuMemSetAccess", "cuMemAddressReserve",
+                                     "cuMemAddressFree"),
+                                 allocator_knob="PYTORCH_CUDA_ALLOC_CONF"),
     DeviceKind.ROCM: DeviceFacts("GPU", "RCCL", "CU", queues_work=True, kind_name="ROCm",
                                  work="kernels",
                                  host_waits=frozenset({
                                      "hipStreamSynchronize", "hipDeviceSynchronize",
-                                     "hipEventSynchronize", "hipMemcpy"})),
+                                     "hipEventSynchronize", "hipMemcpy"}),
+                                 allocator_calls=(
+                                     "hipMalloc", "hipFree", "hipHostMalloc", "hipHostFree",
+                                     "hipMallocAsync", "hipFreeAsync", "hipHostRegister",
+                                     "hipHostUnregister"),
+                                 allocator_knob="PYTORCH_HIP_ALLOC_CONF"),
     DeviceKind.MTIA: DeviceFacts("MTIA accelerator", "collectives", None, queues_work=True,
                                  kind_name="MTIA", work="kernels"),
     DeviceKind.NPU: DeviceFacts("NPU", "HCCL", "AI Core", queues_work=True,
@@ -61,7 +85,12 @@ _FACTS: dict[DeviceKind, DeviceFacts] = {
                                 viewer="MindStudio Insight",
                                 host_waits=frozenset({
                                     "aclrtSynchronizeStream", "aclrtSynchronizeDevice",
-                                    "aclrtSynchronizeEvent"})),
+                                    "aclrtSynchronizeEvent"}),
+                                allocator_calls=(
+                                    "aclrtMalloc", "aclrtFree", "aclrtMallocHost",
+                                    "aclrtFreeHost"),
+                                allocator_knob="PYTORCH_NPU_ALLOC_CONF",
+                                ops_issue_work=True),
     DeviceKind.CPU: DeviceFacts("main thread", "gloo", None, queues_work=False, kind_name="CPU",
                                 work="ops"),
 }

@@ -24,6 +24,16 @@ class ActivityClass(enum.IntEnum):
     OTHER = 5
 
 
+class HostCall(enum.IntEnum):
+    """What a runtime API call does for the host (`RankTrace.host_calls`), by its name in the
+    device's facts (recprof/trace/devices.py): take or give back device memory, wait for the
+    device, or anything else (launch work, query, record events)."""
+
+    LAUNCH = 0
+    ALLOCATOR = 1
+    SYNC = 2
+
+
 class DeviceKind(enum.StrEnum):
     CUDA = "cuda"
     ROCM = "rocm"
@@ -90,6 +100,8 @@ class Activities:
     # moving data ({peer rank: µs}, None elsewhere). None for formats that record neither.
     coll_wait: np.ndarray | None = None
     coll_peer_wait: np.ndarray | None = None
+    #: The host thread that launched it (index into RankTrace.threads), -1 when unknown.
+    launch_thread: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -113,6 +125,33 @@ class HostSpans:
     @staticmethod
     def empty() -> HostSpans:
         return HostSpans(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int32))
+
+
+@dataclass
+class ThreadSpans:
+    """Host intervals with the thread each ran on, sorted by start (outer first at equal
+    starts): every host op, or every runtime call with what it does (`role`, `HostCall`)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray  # index into RankTrace.names
+    thread: np.ndarray  # index into RankTrace.threads
+    role: np.ndarray | None = None  # HostCall values, int8 (runtime calls only)
+    aten: np.ndarray | None = None  # bool: an ATen op, not a `record_function` label (ops only)
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    def select(self, mask: np.ndarray) -> ThreadSpans:
+        return ThreadSpans(self.start[mask], self.end[mask], self.name[mask], self.thread[mask],
+                           None if self.role is None else self.role[mask],
+                           None if self.aten is None else self.aten[mask])
+
+    @staticmethod
+    def empty(with_role: bool = False) -> ThreadSpans:
+        return ThreadSpans(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int32),
+                           np.zeros(0, dtype=np.int32),
+                           np.zeros(0, dtype=np.int8) if with_role else None)
 
 
 @dataclass
@@ -194,9 +233,14 @@ class RankTrace:
     framework_marks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     subtasks: SubTasks | None = None
-    #: Runtime calls in which the host blocked until its device caught up (its kind's
-    #: `DeviceFacts.host_waits`: a stream synchronize, a synchronous copy), on any thread.
-    host_waits: HostSpans = field(default_factory=HostSpans.empty)
+    #: The host threads the trace names ("pid:tid"), and which one runs the steps (-1: none).
+    threads: list[str] = field(default_factory=list)
+    main_thread: int = -1
+    #: Every host op (ATen ops and `record_function` labels) on every thread.
+    host_ops: ThreadSpans = field(default_factory=ThreadSpans.empty)
+    #: Every runtime API call on every thread, with its role: what the host did between ops
+    #: (launch work, allocate device memory, wait for the device).
+    host_calls: ThreadSpans = field(default_factory=lambda: ThreadSpans.empty(with_role=True))
     #: On a device that queues work: each elementwise op (trace/shapes.py) whose recorded
     #: shapes give its bytes and that launched exactly one kernel, as a row [bytes, kernel us]
     #: (what the device charges to stream bytes: the what-if's memory line).

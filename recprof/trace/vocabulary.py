@@ -351,6 +351,38 @@ def framework_sign(name: str) -> str | None:
     return None
 
 
+#: Host labels that say a setting of the job is on, read as `setting=value` (docs/analysis.md,
+#: "Knobs already on"): TorchRec's quantized-comms codecs label their work `## encoder fp16
+#: None ##` / `## decoder fp16 None ##` (the wire precision second), TrainPipelineSparseDist
+#: its input distribution `## start_sparse_data_dist N ##`, torch.compile its regions, and a
+#: replayed CUDA graph shows as a `cudaGraphLaunch` runtime call.
+_SETTING_SIGNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^## (?:en|de)coder ([A-Za-z0-9_]+)\b"), "qcomms={}"),
+    (re.compile(r"^## (?:start|wait)_sparse_data_dist\b"), "pipeline=TrainPipelineSparseDist"),
+    # torch.compile's compiled regions, and CUDA/HIP graphs replayed (a runtime call)
+    (re.compile(r"^CompiledFunction|^Torch-Compiled Region"), "compile=on"),
+    (re.compile(r"^(?:cuda|hip)GraphLaunch"), "cuda_graphs=on"),
+)
+#: The prefix that keeps a setting's count apart from the frameworks' in a rank's marks.
+SETTING_MARK = "setting:"
+#: The built-in trainer says its settings that are on in one label per step (its boolean
+#: knobs that are true, its others away from the synchronous baseline: `nestpipe:settings
+#: fuse_tables=true qcomms=bf16`; recprof/nestpipe/trainer.py).
+NESTPIPE_SETTINGS = "nestpipe:settings"
+
+
+@cache
+def settings_signed(name: str) -> tuple[str, ...]:
+    """The settings a host label says are on (`("qcomms=fp16",)`); empty for most labels."""
+    if name.startswith(NESTPIPE_SETTINGS + " "):
+        return tuple(t.lower() for t in name.split()[1:] if "=" in t)
+    for pattern, setting in _SETTING_SIGNS:
+        match = pattern.search(name)
+        if match:
+            return (setting.format(*(g.lower() for g in match.groups())),)
+    return ()
+
+
 _INTS = re.compile(r"-?\d+")
 
 

@@ -37,7 +37,7 @@ def view(
     which operator or kernel is slow, or what one step looks like event by event.
 
     One TensorBoard run per job, one worker per rank (named rank0, rank1, ...). Runs until
-    Ctrl-C. Needs the `view` extra: pip install 'recprof[view]'.
+    Ctrl-C. Needs the `view` extra: pip install 'recprof\\[view]'.
 
     Example: recprof view recprof-runs/demo --port 6006
     """

@@ -14,7 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recprof.analysis.idle import DATA_LOADING, DEVICE_HELD
+from recprof.analysis.host_activity import DATA_LOADING
+from recprof.analysis.idle import DEVICE_HELD
 from recprof.analysis.model import CollectiveSample, JobAnalysis, RankAnalysis, SharedDevice
 from recprof.analysis.run_context import run_of_context
 from recprof.errors import RecprofError
@@ -131,25 +132,26 @@ class Baseline:
                         "needs, so nothing overlaps")
         return None
 
-    def loader_bound(self) -> dict[int, float]:
-        """Ranks whose device waited on their DataLoader (more than `LOADER_BOUND_SHARE` of the
-        step): rank -> that wait per step (us), read from the idle gaps the host spent in a
-        DataLoader iterator (analysis/idle.py, cause "data loading"). Its workers are other
-        processes, outside the trace; a rank that waits on them runs at their pace, not its
-        own. A job that makes its batches itself (the trainer's synthetic data on a GPU:
-        kernels of its own, `nestpipe:data_wait` with no DataLoader in it) waits on no one
-        else's pace, however long that takes. Only on a device that queues work: a CPU job's
-        loader workers share the cores its ranks compute on, so their wait is contention that
-        calibration folds in, not a pace of their own."""
-        if not facts(self.job.device_kind).queues_work:
-            return {}
-        bound = {}
+    def loader_waits(self) -> dict[int, float]:
+        """Ranks that waited on their DataLoader for more than `LOADER_BOUND_SHARE` of the
+        step: rank -> that wait per step (us), read from the idle gaps the host spent in a
+        DataLoader iterator (analysis/idle.py, cause "data loading"). A job that makes its
+        batches itself (the trainer's synthetic data on a GPU: kernels of its own,
+        `nestpipe:data_wait` with no DataLoader in it) has none, however long that takes."""
+        waits = {}
         for r in self.job.ranks:
             steps = max(len(r.steps), 1)
             wait = r.idle_gaps.by_cause_us.get(DATA_LOADING, 0.0) / steps
             if r.rank in self.ranks and wait > LOADER_BOUND_SHARE * self.ranks[r.rank].step_us:
-                bound[r.rank] = wait
-        return bound
+                waits[r.rank] = wait
+        return waits
+
+    def loader_bound(self) -> dict[int, float]:
+        """`loader_waits` where they set the step's pace: the loader's workers are other
+        processes, outside the trace, and a rank that waits on them runs at their pace, not its
+        own. Only on a device that queues work: a CPU job's loader workers share the cores its
+        ranks compute on, so their wait is contention that calibration folds in."""
+        return self.loader_waits() if facts(self.job.device_kind).queues_work else {}
 
     def ready_batch_us(self) -> float:
         """The host's time to take a batch its loader already made: the least any rank spent

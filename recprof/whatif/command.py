@@ -45,6 +45,10 @@ def whatif(
         show_default=False)] = None,
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the predictions (schema recprof.whatif/1) here.")] = None,
+    allow_missing_ranks: Annotated[bool, typer.Option(
+        "--allow-missing-ranks", help="Predict even when a rank's trace is missing or cannot "
+                                      "be read: from the ranks left, said with every "
+                                      "prediction. Default: refuse, naming the rank.")] = False,
 ) -> None:
     """Predict the unprofiled step time under knob settings from one capture, without running
     them: the step is replayed rank by rank with the knob's changes (bytes from the job's own
@@ -54,15 +58,24 @@ def whatif(
     Example: recprof whatif recprof-runs/demo --try micro_batches=4 --try qcomms=fp16,dbp=true
     """
     # Imported here: `recprof --help` and every other command start without scipy and torch.
-    from recprof.analysis.inputs import one_job
+    from recprof.analysis.inputs import open_job
     from recprof.whatif.baseline import measure
-    from recprof.whatif.predict import Predictor
+    from recprof.whatif.predict import KNOWN_CHANGES, Predictor
 
     console = Console()
     err = Console(stderr=True, soft_wrap=True)
     changes = [parse_try(t) for t in tries] if tries else None
+    for change in changes or []:  # a name that is no knob is a usage error, not a refusal
+        for name in change:
+            if name not in KNOWN_CHANGES:
+                raise RecprofError(f"--try {name}: not a knob (one of {', '.join(KNOWN_CHANGES)})")
     with err.status("measuring the baseline and fitting the links"):
-        predictor = Predictor(measure(one_job(run)))
+        job, gap = open_job(run, allow_missing=allow_missing_ranks, action="a prediction",
+                            flag="--allow-missing-ranks")
+        predictor = Predictor(measure(job))
+        if gap:
+            err.print(f"[yellow]warning:[/] {escape(gap)}", highlight=False)
+            predictor.caveats.append(f"predicted from the ranks left only: {gap}")
         scenarios = [predictor.predict(c) for c in (changes or predictor.single_knob_changes())]
     result = predictor.report(scenarios)
     print_whatif(result, console)

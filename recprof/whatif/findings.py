@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from recprof.analysis.frameworks import REMEDIES, SHRINK
-from recprof.analysis.model import AnalysisResult, Finding, JobAnalysis
+from recprof.analysis.frameworks import REMEDIES, SHRINK, remedy
+from recprof.analysis.model import AnalysisResult, Finding, JobAnalysis, KnobPrediction
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
@@ -29,17 +29,18 @@ from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 
 def quote_all(result: AnalysisResult) -> None:
     """`quote_predictions` for every job of an analysis that was made from traces now (a
-    document read back keeps the quotes it was written with)."""
+    document read back keeps the predictions it was written with)."""
     for job in result.jobs:
-        if not any("Predicted by recprof whatif" in f.estimate for f in job.findings):
+        if not any(f.predictions for f in job.findings):
             quote_predictions(job)
 
 
 def quote_predictions(job: JobAnalysis) -> None:
-    """Add the predicted best value of each finding's trainer knobs to its estimate, in place,
-    for a captured built-in trainer job; for another framework's captured job, the best wire
-    precision on the findings that name its precision knobs. A prediction that cannot be made
-    is a warning on the job: the analysis never fails for want of one."""
+    """Fill each finding's `predictions` with the predicted best value of its trainer knobs, for a
+    captured built-in trainer job, and order its knobs by them (the what-if's ranking is the
+    order to try them in); for another framework's captured job, the best wire precision on
+    the findings that name its precision knobs. A prediction that cannot be made is a warning
+    on the job: the analysis never fails for want of one."""
     if job.run is None or not any(f.knobs for f in job.findings):
         return
     precision = [] if job.framework == "nestpipe" else _precision_findings(job)
@@ -68,28 +69,26 @@ def _precision_findings(job: JobAnalysis) -> list[Finding]:
     would be left at its size (the DDP example's forward rows were, before they were inferred:
     3.6 of its 5.9 ms exposed, so its fp8 quote of -1% sat under a bound of 2.4 ms for 16
     bits); the bound stays alone there, and `recprof whatif` says what it leaves out."""
-    remedy = REMEDIES.get(job.framework, {}).get(SHRINK)
-    if remedy is None or not remedy.knobs or any(
+    if job.framework not in REMEDIES:
+        return []
+    shrink = remedy(job.framework, SHRINK, job.device_kind, job.knobs_on)
+    if not shrink.knobs or any(
             c.kind == "all_to_all" and c.purpose == UNKNOWN_PURPOSE for c in job.collectives):
         return []
-    return [f for f in job.findings if set(remedy.knobs) & set(f.knobs)]
+    return [f for f in job.findings if set(shrink.knobs) & set(f.knobs)]
 
 
 def _quote_precision(job: JobAnalysis, predictor: Any, findings: list[Finding]) -> None:
-    """The best wire precision's predicted step, quoted on `findings` (those that name the
+    """The best wire precision's predicted step, on `findings` (those that name the
     framework's precision knobs)."""
     best = _best(predictor, "qcomms", {})
     if best is None:
         return
     step, value = best
-    base = predictor.target
-    knobs = " / ".join(REMEDIES[job.framework][SHRINK].knobs)
-    quote = (f"the embedding exchange in {value} ({knobs}): {step / 1e3:.2f} ms "
-             f"({(step - base) / base:+.0%}), leaving out the quantise and dequantise "
-             "kernels' cost")
+    knobs = " / ".join(remedy(job.framework, SHRINK, job.device_kind, job.knobs_on).knobs)
     for finding in findings:
-        finding.estimate += (f". Predicted by recprof whatif (unprofiled step "
-                             f"{base / 1e3:.2f} ms now): {quote}")
+        finding.predictions = [KnobPrediction(knobs, str(value), step, predictor.target)]
+        finding.prediction_note = "leaving out the quantise and dequantise kernels' cost"
 
 
 def _best(predictor: Any, name: str, cache: dict[tuple[str, str], float | None]
@@ -112,14 +111,15 @@ def _quote(job: JobAnalysis, predictor: Any) -> None:
     base = predictor.target
     cache: dict[tuple[str, str], float | None] = {}
     for finding in job.findings:
-        quotes = []
+        found = []
         for name in finding.knobs:
             if name not in KNOBS or not KNOBS[name].searched:
                 continue
             best = _best(predictor, name, cache)
             if best is not None:
-                change = (best[0] - base) / base
-                quotes.append(f"{name}={best[1]}: {best[0] / 1e3:.2f} ms ({change:+.0%})")
-        if quotes:
-            finding.estimate += (f". Predicted by recprof whatif (unprofiled step "
-                                 f"{base / 1e3:.2f} ms now): " + "; ".join(quotes))
+                found.append(KnobPrediction(name, str(best[1]), best[0], base))
+        if found:
+            found.sort(key=lambda k: k.step_us)
+            finding.predictions = found
+            rank = {k.knob: i for i, k in enumerate(found)}
+            finding.knobs = sorted(finding.knobs, key=lambda k: rank.get(k, len(rank)))

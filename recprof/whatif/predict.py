@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recprof.analysis.frameworks import WIRE_PRECISIONS
+from recprof.analysis.frameworks import WIRE_PRECISIONS, wire_precision_on
 from recprof.errors import RecprofError
 from recprof.nestpipe.knobs import KNOBS, JobShape, problems, searched_by_default
 from recprof.nestpipe.traffic import Traffic, traffic
@@ -41,6 +41,8 @@ WORLD_SIZE = "world_size"
 INTER_NODE_GBIT = "inter_node_gbit"
 #: What the replay predicts for a job that is not the built-in trainer.
 JOB_CHANGES = ("qcomms", WORLD_SIZE, INTER_NODE_GBIT)
+#: Every name `--try` may set: the trainer's knobs and the job changes.
+KNOWN_CHANGES = (*KNOBS, WORLD_SIZE, INTER_NODE_GBIT)
 #: Bytes per element of each wire precision (fp8 rows also carry a scale; left out here).
 WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: A stage whose replayed time changes by less than this share of the step has not moved.
@@ -120,12 +122,16 @@ class Predictor:
                                "trace records none), so no link can be fitted and nothing "
                                "predicted")
         self.base = base
+        #: What every prediction rests on beyond the capture (a rank left out): said with each.
+        self.caveats: list[str] = []
         self.cfg = base.config  # None: not the built-in trainer, only JOB_CHANGES are predicted
         if self.cfg is not None:
             self.knobs = {k: getattr(self.cfg, k) for k in KNOBS}
             self.shape = JobShape(base.world, self.cfg.batch_size, self.cfg.embedding_dim)
         else:
-            self.knobs = {"qcomms": "fp32"}
+            # the precision the trace's codec labels show on (TorchRec's QComms), else fp32
+            on = wire_precision_on(base.job.knobs_on)
+            self.knobs = {"qcomms": on if on in WIRE_BYTES else "fp32"}
             self.shape = JobShape(base.world)
         # Whether each rank can overlap its transfers with its compute (a CPU rank without a
         # spare core cannot), and if not why.
@@ -302,9 +308,9 @@ class Predictor:
                 return f"{name}: the model cannot predict it ({_NOT_MODELLED[name]})"
             if name == "micro_batches" and value != self.knobs[name] and any(
                     r not in self.costs.ranks for r in self.base.ranks):
-                return ("micro_batches: needs the traces' ops to know the fixed cost each "
-                        "micro-batch repeats (give the capture folder or traces, not only an "
-                        "analysis JSON)")
+                return ("micro_batches: needs each rank's ops to know the fixed cost each "
+                        "micro-batch repeats (the analysis's device-work pass: re-run recprof "
+                        "analyze on the traces to make a document that has it)")
             if name == "dbp" and value != self.knobs[name] and (
                     sharing := self.base.sharing()) is not None:
                 return (f"dbp: {sharing}; DBP's next-batch work and prefetch exchange run "
@@ -357,7 +363,8 @@ class Predictor:
         knobs = {**self.knobs, **{k: v for k, v in change.items() if k in KNOBS}}
         result, planned = self._replay(knobs, self.scale, world, network, loader_paced=True)
         notes += self._loader_pace(result)
-        assumptions = [*planned, *notes, *self._host_notes(), self.calibration]
+        assumptions = [*planned, *notes, *self._host_notes(), *self.caveats,
+                       self.calibration]
         if self.cfg is None and "qcomms" in change:
             assumptions.append("the capture's embedding exchange is fp32; the quantise and "
                                "dequantise kernels' own cost is not included")
@@ -380,6 +387,12 @@ class Predictor:
         if not bound:
             if result.step_us >= self.target:
                 return []
+            if waits := self.base.loader_waits():  # a CPU job's: contention, not a pace
+                rank, wait = max(waits.items(), key=lambda item: item[1])
+                return [f"rank {rank} waited {wait / 1e3:.1f} ms a step on its DataLoader in "
+                        "the capture; on CPU ranks the loader's workers share the cores the "
+                        "ranks compute on, so that wait is contention the calibration folds "
+                        "in, not a pace the step is held to"]
             return [f"no rank waited on its DataLoader for more than "
                     f"{LOADER_BOUND_SHARE:.0%} of the step: it kept pace with the baseline's "
                     f"{self.target / 1e3:.2f} ms, and keeps pace with this one (its workers "

@@ -37,10 +37,12 @@ from capture_helpers import (
     trace_events,
 )
 from ci_output import assert_tables_whole
+from interrupts import sigint_default
 
 from recprof.analysis import load_analysis_json
 from recprof.analysis.frameworks import knobs_of
-from recprof.flows.capture import NO_TRACE_EXIT, SUMMARY_COLUMNS
+from recprof.errors import ExitCode
+from recprof.flows.capture import SUMMARY_COLUMNS
 from recprof.runfolder.steps import SETTLE_BLOCK
 
 pytest.importorskip("torch")
@@ -259,8 +261,9 @@ def test_a_python_launcher_that_starts_torchrun_gives_the_ranks_their_own_captur
         m = meta(out, rank)
         assert m["pid"] != launcher_pid and m["step_source"] == "optimizer"
         assert [s["step"] for s in step_log(out, rank)][:5] == [0, 1, 2, 3, 4]
-    assert sorted(p.name for p in (out / "meta").iterdir()) == [
-        "rank0.fatal.txt", "rank0.json", "rank1.fatal.txt", "rank1.json"]  # no superseded.*
+    # no superseded.*, and the faulthandler reports the ranks left empty (they ended well)
+    # were removed after the job
+    assert sorted(p.name for p in (out / "meta").iterdir()) == ["rank0.json", "rank1.json"]
 
 
 def test_a_launcher_whose_torchrun_starts_no_rank_leaves_no_phantom_rank_0(
@@ -270,7 +273,7 @@ def test_a_launcher_whose_torchrun_starts_no_rank_leaves_no_phantom_rank_0(
     without rank 0): the manifest then says no rank started, not that rank 0 never stepped."""
     out, proc = _capture_a_launcher(tmp_path, [*TORCHRUN[:3], "--help"],
                                     "stdout=subprocess.DEVNULL")
-    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert proc.returncode == ExitCode.NO_TRACE, explain(proc)
     assert list((out / "meta").iterdir()) == [] and list((out / "steps").iterdir()) == []
     assert manifest(out)["missing"][0].startswith("no rank started capturing")
 
@@ -373,7 +376,7 @@ def test_script_that_profiles_itself_makes_capture_step_aside(tmp_path: Path) ->
         out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6", "--self-profile"
     )
     # the job ran to its end, but capture recorded nothing: not a successful capture
-    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert proc.returncode == ExitCode.NO_TRACE, explain(proc)
     assert manifest(out)["exit_code"] == 0
     assert "already enabled" not in proc.stderr
     assert "runs its own profiler" in proc.stderr
@@ -411,7 +414,7 @@ def test_enabled_legacy_profiler_makes_capture_step_aside(tmp_path: Path) -> Non
         out, (1, 1, 2), sys.executable, str(TINY_JOB), "--steps", "6",
         "--legacy-profiler", "enabled",
     )
-    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert proc.returncode == ExitCode.NO_TRACE, explain(proc)
     assert "already enabled" not in proc.stderr
     assert ("rank 0: this script runs its own profiler (torch.autograd.profiler.profile); "
             "recprof steps aside") in proc.stderr
@@ -433,9 +436,9 @@ def test_job_that_exits_before_the_window(tmp_path: Path,
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=240, env=JOB_ENV, cwd=REPO_ROOT
     )
-    assert proc.returncode == NO_TRACE_EXIT, explain(proc)
+    assert proc.returncode == ExitCode.NO_TRACE, explain(proc)
     why = "before its steps settled (--wait auto" if window is None else "before the window"
-    assert (f"no trace was captured, exit {NO_TRACE_EXIT}: rank 0: no trace: the rank ended "
+    assert (f"no trace was captured, exit {ExitCode.NO_TRACE}: rank 0: no trace: the rank ended "
             f"after 3 steps, {why}") in " ".join(proc.stderr.split())
     man = manifest(out)
     assert man["exit_code"] == 0 and man["status"] == "completed"
@@ -500,22 +503,60 @@ def test_a_window_slower_than_the_run_is_called_out(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_is_forwarded_and_leaves_no_orphans(tmp_path: Path) -> None:
+    """Ctrl-C: capture exits 130 as the README says (whatever torchrun exited with, which
+    the manifest keeps), torchrun's SignalException traceback is one line, and the last line
+    says what was kept."""
     out = tmp_path / "run"
     cmd, proc = _start_inside_the_window(out, report=False)
     proc.send_signal(signal.SIGINT)  # what the terminal does on Ctrl-C
     stdout, stderr = proc.communicate(timeout=120)
     done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    assert proc.returncode != 0, explain(done)
+    assert proc.returncode == ExitCode.INTERRUPTED, explain(done)
     assert "SIGINT received, sending SIGINT to the job" in stderr
     man = manifest(out)
     assert man["status"] == "interrupted" and man["signals_forwarded"] == ["SIGINT"]
-    assert man["exit_code"] == proc.returncode
+    assert man["exit_code"] not in (0, ExitCode.INTERRUPTED)  # torchrun's own status
+    assert "SignalException" not in stderr and "[recprof] torchrun stopped by SIGINT" in stderr
     assert group_members(man["job_pid"]) == []  # torchrun and both ranks are gone
+    steps = set()
     for rank in (0, 1):
         m = meta(out, rank)
         assert m["exit"]["status"] in ("interrupted", "signal"), m["exit"]
         assert m["profiler"]["status"] == "partial"  # unwound through Python: trace saved
         assert not alive(m["pid"])
+        steps.add(tuple(m["profiler"]["steps"]))
+    (span,) = steps
+    last = stderr.strip().splitlines()[-1]
+    assert last == (f"recprof: interrupted: kept 2 of 2 ranks' traces (steps {span[0]}-"
+                    f"{span[1]}), the step logs of 2 ranks"), last
+    # faulthandler's reports, opened at each rank's start, stay only where a rank crashed
+    assert not list((out / "meta").glob("*.fatal.txt"))
+
+
+def test_ctrl_c_before_the_first_step_says_so(tmp_path: Path) -> None:
+    """Interrupted during a slow start-up: no rank is blamed for a missing step boundary."""
+    out = tmp_path / "run"
+    cmd = capture_cmd(out, (2, 1, 3), *TORCHRUN, "2", str(TINY_JOB), "--start-sleep", "60")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=JOB_ENV, cwd=REPO_ROOT, preexec_fn=sigint_default)
+    events = out / "events.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if events.exists() and events.read_text().count('"started"') == 2:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # both ranks are in their start-up sleep
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    assert proc.returncode == ExitCode.INTERRUPTED, explain(done)
+    man = manifest(out)
+    assert [m.split(": ", 1)[1] for m in man["missing"]] == [
+        "no trace: the rank was stopped (Ctrl-C) before its first step"] * 2, man["missing"]
+    assert "no step boundary" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "recprof: interrupted: the job stopped before its first step: no trace; kept the "
+        "manifest and each rank's metadata")
 
 
 @pytest.mark.parametrize(

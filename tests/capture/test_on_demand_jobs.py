@@ -97,8 +97,14 @@ def test_a_trainer_armed_on_demand_records_each_trigger_on_both_ranks(tmp_path: 
     assert windows[1]["first"] > windows[0]["steps"][1]
     assert windows[1]["compare"]["with"] == "01-trigger"
     assert (out / windows[1]["compare"]["html"]).is_file()
+    summary = " ".join(stderr.split())
     for window in windows:
         assert (out / window["report"]).is_file()
+        # the summary says where each window's pages are, as the manifest does
+        pages = f"window {window['name']}: report {out / window['report']}"
+        if window["compare"]:
+            pages += f"; comparison {out / window['compare']['html']}"
+        assert pages in summary, summary[-800:]
     late = _trigger(out)
     assert late.returncode == 1 and late.stdout == ""
     assert late.stderr.strip() == ("recprof trigger: no window recorded: the job has ended "

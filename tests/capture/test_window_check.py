@@ -13,7 +13,8 @@ from rich.console import Console
 
 from recprof.capture.launcher import JobResult
 from recprof.capture.manifest import build_manifest
-from recprof.flows.capture import NO_TRACE_EXIT, exit_status
+from recprof.errors import ExitCode
+from recprof.flows.capture import exit_status
 from recprof.runfolder import layout
 from recprof.runfolder.layout import ExitStatus, Phase, ProfilerStatus, Schedule, StepRecord
 from recprof.runfolder.steps import (
@@ -56,13 +57,22 @@ def _with_window(window_s: float, steps: int = 100, steady_s: float = STEADY,
         (1 - 1.1 * WINDOW_DEVIATION_LIMIT, False),  # a window faster than the run is wrong too
     ],
 )
-def test_the_limit_decides_and_a_representative_window_is_silent(
+def test_the_limit_decides_and_a_representative_window_says_so(
     factor: float, representative: bool
 ) -> None:
-    """Where the job was not settled before the window, the window is judged by the limit."""
+    """Where the job was not settled before the window, the window is judged by the limit; a
+    representative one says how close it ran (the summary prints it: a window line that read
+    "steps not settled, recording anyway" is then answered)."""
     check = check_window([_log(_with_window(STEADY * factor, before_s=UNSETTLED))], DEFAULT)
     assert check is not None
-    assert check.profiler_overhead is None and check.note is None
+    assert check.profiler_overhead is None
+    if representative:
+        assert check.note == (
+            f"recorded steps 7-11 ran at {STEADY * factor * 1e3:.3g} ms per step (median), "
+            f"{factor:.3g}x the {STEADY * 1e3:.3g} ms of unprofiled steps 12-99: representative "
+            f"of the run (limit ±{WINDOW_DEVIATION_LIMIT:.0%})"), check.note
+    else:
+        assert check.note is None
     assert check.representative is representative
     assert check.ratio == pytest.approx(factor, abs=1e-3)
     assert check.window_steps == [7, 11] and check.steady_steps == [12, 99]
@@ -123,7 +133,8 @@ def test_sides_that_disagree_beyond_the_settling_tolerance_are_not_the_profiler(
 
 def test_a_window_within_the_limit_still_reports_the_profilers_cost() -> None:
     check = check_window([_log(_with_window(1.1 * STEADY))], DEFAULT)
-    assert check is not None and check.representative and check.note is None
+    assert check is not None and check.representative
+    assert check.note is not None and "1.1x the 10 ms of unprofiled steps" in check.note
     assert check.profiler_overhead == pytest.approx(0.1, abs=1e-3)
 
 
@@ -238,11 +249,11 @@ def test_exit_status_is_not_zero_without_a_trace() -> None:
     assert exit_status(console, ran, 134) == 134  # the job's own failure, traces kept
     assert console.export_text() == ""
     empty = {"captured": {"traces": 0}, "missing": ["rank 0: before the window", "rank 1: same"]}
-    assert exit_status(console, empty, 0) == NO_TRACE_EXIT
+    assert exit_status(console, empty, 0) == ExitCode.NO_TRACE
     assert exit_status(console, empty, 1) == 1  # the job failed: its status says so already
     lines = console.export_text().splitlines()
     assert lines == [
-        f"recprof: no trace was captured, exit {NO_TRACE_EXIT}: rank 0: before the window "
+        f"recprof: no trace was captured, exit {ExitCode.NO_TRACE}: rank 0: before the window "
         "(and 1 more above)",
         "recprof: no trace was captured, exit 1: rank 0: before the window (and 1 more above)",
     ]

@@ -19,8 +19,10 @@ STEPS = 40
 WAIT = 12
 
 
-def capture_trainer(out: Path, nproc: int, *overrides: str) -> Path:
-    """Capture one run of the demo config on `nproc` CPU ranks; returns the run folder."""
+def capture_trainer(out: Path, nproc: int, *overrides: str,
+                    trainer_out: Path | None = None) -> Path:
+    """Capture one run of the demo config on `nproc` CPU ranks; returns the run folder. The
+    trainer writes its outputs to `trainer_out` (default: `<run>/trainer`)."""
     from job_failure import assert_captured
 
     sets = [x for item in (f"steps={STEPS}", *overrides) for x in ("--set", item)]
@@ -28,7 +30,7 @@ def capture_trainer(out: Path, nproc: int, *overrides: str) -> Path:
            "--wait", str(WAIT), "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(nproc), "-m", "recprof.nestpipe", "--config", str(DEMO), *sets,
-           "--out", str(out / "trainer")]
+           "--out", str(trainer_out or out / "trainer")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert_captured(proc, out)

@@ -1,4 +1,4 @@
-"""A small gloo job with a planted hang, for recprof's hang diagnosis (tests/capture/test_hang_jobs.py).
+"""A small gloo job with a planted hang (tests/capture/test_hang_jobs.py).
 
 Each step is a recsys step in miniature: a batch from a data loader, an embedding exchange
 (an all-to-all of the lengths, then an all-to-all of the ids with those split sizes), a dense

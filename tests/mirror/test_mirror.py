@@ -123,11 +123,14 @@ def test_a_resumed_tune_like_reuses_its_mirror_without_deriving(
     out = tmp_path / "tune"
     out.mkdir()
     (out / "mirror.yaml").write_text("batch_size: 512\n")
-    config, nproc, name, folder, mirrors = mirror_for_tuning(
-        trainer_run, None, 1, None, out, Console(quiet=True))
+    mirrored = mirror_for_tuning(trainer_run, None, 1, None, out, Console(quiet=True))
     job_id = analyze_paths([trainer_run]).jobs[0].id
-    assert (config, nproc, folder) == (out / "mirror.yaml", 2, out)
-    assert name == f"like-{job_id}-1x2" and mirrors == f"job {job_id} ({trainer_run})"
+    assert (mirrored.config, mirrored.nproc_per_node, mirrored.out) == (out / "mirror.yaml", 2, out)
+    assert mirrored.study == f"like-{job_id}-1x2"
+    assert mirrored.mirrors == f"job {job_id} ({trainer_run})"
+    # the job's own framework and device, for the answer in its terms: the built-in trainer,
+    # run on CPU ranks
+    assert (mirrored.framework, mirrored.device_kind) == ("nestpipe", "cpu")
     assert (out / "mirror.yaml").read_text() == "batch_size: 512\n"
     # without the file it derives (here: the stand-in refuses)
     (out / "mirror.yaml").unlink()

@@ -57,9 +57,10 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     quoted = dataclasses.replace(job, findings=[dataclasses.replace(finding)],
                                  warnings=list(warned))
     quote_predictions(quoted)
-    (estimate,) = [f.estimate for f in quoted.findings]
-    assert estimate.startswith(finding.estimate + ". Predicted by recprof whatif"), estimate
-    assert "(embedding dtype on the wire)" in estimate and quoted.warnings == warned
+    (quoted_finding,) = quoted.findings
+    assert quoted_finding.estimate == finding.estimate  # the bound is left as the rule wrote it
+    (prediction,) = quoted_finding.predictions
+    assert prediction.knob == "embedding dtype on the wire" and quoted.warnings == warned
     whatif = subprocess.run([sys.executable, "-m", "recprof", "whatif", str(run), "--try",
                              "qcomms=fp16"], capture_output=True, text=True, timeout=300,
                             cwd=REPO, env={**ENV, "COLUMNS": "400"})
@@ -92,6 +93,6 @@ def test_ddp_job_findings_tune_a_mirror_as_printed(
     assert (values["num_workers"], values["dense_optimizer"]) == (0, "sgd")
     assert any(ln.startswith("# bag_size: aten::sum over [batch, features, bag, dim] = "
                              "[128, 8, 4, 32]") for ln in header), header
-    assert any("calibrated in" in ln for ln in header), header  # DDP's dense is not DLRM's
+    assert any("dense widths fitted so the mirror's" in ln for ln in header), header
     html = (out / "tuning_report.html").read_text()
     assert f"mirrors job {job.id}" in html

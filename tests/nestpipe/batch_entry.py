@@ -9,7 +9,9 @@ A spec may ask for a deliberately bugged trainer, which the exactness tests must
   - `last_micro_batch_only`: gradients of earlier micro-batches dropped (an accumulation
     buffer overwritten instead of added to);
   - `no_dbp_refresh`: DBP without the dual-buffer synchronisation, so a batch reads rows
-    prefetched before the previous update.
+    prefetched before the previous update;
+  - `micro_batch_negatives`: a two-tower model whose queries take their negatives from their
+    whole micro-batch instead of their softmax group, so the loss depends on micro_batches.
 
     torchrun ... batch_entry.py SPECS.json   # [{"config", "sets", "out", "fault"}]
 """
@@ -26,11 +28,13 @@ import torch.distributed as dist
 
 from recprof.nestpipe.config import load_config, validate
 from recprof.nestpipe.embedding import ShardedEmbeddings
+from recprof.nestpipe.model import TwoTower, in_batch_softmax_sum
 from recprof.nestpipe.trainer import init_distributed, train
 
 CORRECT = {"hsp_allreduce": ShardedEmbeddings.hsp_allreduce,
            "grads_finish": ShardedEmbeddings.grads_finish,
            "refresh": ShardedEmbeddings.refresh}
+CORRECT_TOWERS = {"loss_sum": TwoTower.loss_sum}
 
 
 def _no_allreduce(
@@ -50,9 +54,16 @@ def _no_refresh(self: ShardedEmbeddings, window: object, updated: object) -> Non
     return None
 
 
+def _micro_batch_negatives(self: TwoTower, dense: torch.Tensor, pooled: torch.Tensor,
+                           labels: torch.Tensor) -> torch.Tensor:
+    query, candidate = self.towers(dense, pooled)
+    return in_batch_softmax_sum(query, candidate, query.shape[0])
+
+
 FAULTS = {"hsp_no_allreduce": ("hsp_allreduce", _no_allreduce),
           "last_micro_batch_only": ("grads_finish", _last_only),
           "no_dbp_refresh": ("refresh", _no_refresh)}
+TOWER_FAULTS = {"micro_batch_negatives": ("loss_sum", _micro_batch_negatives)}
 
 
 def main(spec_file: str) -> None:
@@ -64,9 +75,14 @@ def main(spec_file: str) -> None:
     for spec, cfg in zip(specs, configs, strict=True):
         for name, method in CORRECT.items():
             setattr(ShardedEmbeddings, name, method)
-        if spec["fault"]:
+        for name, method in CORRECT_TOWERS.items():
+            setattr(TwoTower, name, method)
+        if spec["fault"] in FAULTS:
             name, bugged = FAULTS[spec["fault"]]
             setattr(ShardedEmbeddings, name, bugged)
+        elif spec["fault"]:
+            name, bugged = TOWER_FAULTS[spec["fault"]]
+            setattr(TwoTower, name, bugged)
         out = Path(spec["out"])
         train(cfg, device, out, out / "state.pt")
     dist.destroy_process_group()

@@ -14,6 +14,7 @@ from job_failure import explain_job
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "configs" / "tiny.yaml"
+TWO_TOWER = REPO / "examples" / "configs" / "two_tower_tiny.yaml"
 DEMO = REPO / "examples" / "configs" / "demo.yaml"
 BATCH_ENTRY = Path(__file__).with_name("batch_entry.py")
 
@@ -22,7 +23,8 @@ F64 = "dtype=float64"
 #: CUDA and the multi-rank variants (one GPU for several ranks) on CPU, and their sums differ
 #: in order, not in algorithm.
 CPU = "backend=gloo"
-# Every variant the distributed tests compare, by name: (world size, --set items, fault).
+# Every variant the distributed tests compare, by name: (world size, --set items, fault), on
+# tiny.yaml, or on two_tower_tiny.yaml for the names in TWO_TOWER_VARIANTS.
 # A fault names a deliberate bug batch_entry.py patches in (see there). The lossless knobs
 # (and their bugged twins) run in float64, where exactness can be checked to EXACT_ATOL; the
 # wire formats and reshape run in the default float32, whose row widths their byte counts
@@ -52,7 +54,18 @@ VARIANTS: dict[str, tuple[int, tuple[str, ...], str]] = {
     "hsp2_fwp2_clustered": (4, ("hsp_groups=2", "micro_batches=2", "clustering=true", F64), ""),
     "hsp2_dbp_fwp2": (4, ("hsp_groups=2", "dbp=true", "micro_batches=2", "sharding=table", F64),
                       ""),
+    # the two-tower model under the same knobs (two_tower_tiny.yaml: 8 softmax groups of 4 per
+    # rank on 2 ranks, 4 on 4 ranks), and a tower whose negatives are its micro-batch's
+    "tt_row_fused": (2, ("sharding=row", "fuse_tables=true", F64), ""),
+    "tt_table_unfused": (2, ("sharding=table", "fuse_tables=false", F64), ""),
+    "tt_fwp4_clustered": (2, ("micro_batches=4", "clustering=true", F64), ""),
+    "tt_fwp2_bugged": (2, ("micro_batches=2", F64), "micro_batch_negatives"),
+    "tt_dbp_fwp2": (2, ("dbp=true", "micro_batches=2", F64), ""),
+    "tt_hsp1": (4, ("hsp_groups=1", F64), ""),
+    "tt_hsp2_dbp_fwp2_clustered": (4, ("hsp_groups=2", "dbp=true", "micro_batches=2",
+                                       "clustering=true", F64), ""),
 }
+TWO_TOWER_VARIANTS = frozenset(name for name in VARIANTS if name.startswith("tt_"))
 
 
 @dataclass
@@ -96,22 +109,25 @@ class Runs:
             self._launch(VARIANTS[name][0])
         return self.cache[name]
 
-    def single(self) -> Run:
-        """The one-rank float64 reference, through the real entry point without torchrun."""
-        if "single" not in self.cache:
-            out = self.root / "single"
+    def single(self, config: Path = TINY) -> Run:
+        """The one-rank float64 reference of `config`, through the real entry point without
+        torchrun."""
+        name = f"single_{config.stem}"
+        if name not in self.cache:
+            out = self.root / name
             check(subprocess.run(
-                [sys.executable, "-m", "recprof.nestpipe", "--config", str(TINY),
+                [sys.executable, "-m", "recprof.nestpipe", "--config", str(config),
                  "--set", F64, "--set", CPU, "--out", str(out),
                  "--save-state", str(out / "state.pt")],
                 capture_output=True, text=True, timeout=180, cwd=REPO,
             ))
-            self.cache["single"] = Run.load(out)
-        return self.cache["single"]
+            self.cache[name] = Run.load(out)
+        return self.cache[name]
 
     def _launch(self, world: int) -> None:
         names = [n for n, (w, _, _) in VARIANTS.items() if w == world]
-        specs = [{"config": str(TINY), "sets": [*VARIANTS[n][1], CPU], "fault": VARIANTS[n][2],
+        specs = [{"config": str(TWO_TOWER if n in TWO_TOWER_VARIANTS else TINY),
+                  "sets": [*VARIANTS[n][1], CPU], "fault": VARIANTS[n][2],
                   "out": str(self.root / n)} for n in names]
         spec_file = self.root / f"specs{world}.json"
         spec_file.write_text(json.dumps(specs))

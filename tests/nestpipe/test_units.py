@@ -59,7 +59,7 @@ def _one_number_at_a_time(source: SyntheticSource, stream: int, index: int) -> l
     size, nf, nd, bag, vocab = (cfg.batch_size, cfg.num_features, cfg.num_dense, cfg.bag_size,
                                 cfg.vocab_size)
     batch_key = _plain_hash(_plain_hash(_plain_hash(cfg.seed ^ 0xD1A7) ^ stream) ^ index)
-    k_dense, k_length, k_id, k_coin = (_plain_hash(batch_key ^ q) for q in range(4))
+    k_dense, k_length, k_id, k_coin, k_link = (_plain_hash(batch_key ^ q) for q in range(5))
     quantile, perm, scores = (source.quantile.tolist(), source.perm.tolist(),
                               source.scores.tolist())
     dense = np.zeros((size, nd), dtype=np.float32)
@@ -74,8 +74,14 @@ def _one_number_at_a_time(source: SyntheticSource, stream: int, index: int) -> l
         for j in range(size):
             lengths[f, j] = 1 + ((_plain_bits(f * size + j, k_length) * bag) >> 32)
             total = 0.0
+            start = (f * size + j) * bag
+            # Two-tower: a candidate bag whose coin is below 2**31 draws with the counters of
+            # the same sample's first (query) feature.
+            if (cfg.model == "two_tower" and f >= cfg.query_features
+                    and _plain_bits(start, k_link) < 1 << 31):
+                start = j * bag
             for slot in range(lengths[f, j]):
-                h = _plain_bits((f * size + j) * bag + slot, k_id)
+                h = _plain_bits(start + slot, k_id)
                 lo, hi = quantile[h >> 12]  # the bucket's first and last popularity rank
                 rank = lo + (((h & 0xFFF) * (hi - lo + 1)) >> 12)
                 ids.append(perm[f * vocab + rank])
@@ -97,6 +103,8 @@ def _one_number_at_a_time(source: SyntheticSource, stream: int, index: int) -> l
 @pytest.mark.parametrize("overrides", [
     [], ["batch_size=37", "num_features=3", "vocab_size=10", "bag_size=1", "zipf_alpha=1.6"],
     ["batch_size=96", "num_features=26", "vocab_size=5000", "bag_size=20", "seed=7"],
+    ["model=two_tower", "query_features=2", "query_tables=1", "num_dense=0",
+     "softmax_group=4"],
 ])
 def test_generator_is_its_definition_one_number_at_a_time(overrides: list[str]) -> None:
     source = SyntheticSource(load_config(TINY, overrides))
@@ -124,6 +132,8 @@ def test_generator_does_not_depend_on_thread_count() -> None:
 @pytest.mark.parametrize("overrides", [
     [], ["batch_size=37", "num_features=3", "vocab_size=10", "bag_size=1", "zipf_alpha=1.6"],
     ["batch_size=256", "num_features=26", "vocab_size=5000", "bag_size=20", "seed=7"],
+    ["model=two_tower", "query_features=2", "query_tables=1", "num_dense=0",
+     "softmax_group=4"],
 ])
 def test_a_ranks_own_samples_are_its_slice_of_the_global_batch(overrides: list[str]) -> None:
     """A rank generates only its slice, bit for bit the slice of the global batch."""

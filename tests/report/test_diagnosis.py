@@ -11,8 +11,16 @@ Trace choices (numbers from the analysis of these public traces, see docs/diagno
   the large-message bandwidth) fires; Megatron does not: its small all-reduces are slow
   because they wait, not because they are small.
 - exposed H2D: `trace_diff/control` (~3%) fires; Megatron (~0%) does not.
-- host idle: the 2021 ResNet50 `num_workers_0` trace fires as data loading, TorchRec
-  `sst_long_a2a_optimizer_4` as launch-bound; TraceLens `h100` (3% launch-bound idle) does not.
+- host idle: the 2021 ResNet50 `num_workers_0` trace fires as data loading, TraceLens' B200
+  vLLM run as launch-bound (with torch.compile on: the advice is its reduce-overhead mode);
+  TraceLens `h100` (3% launch-bound idle) and TorchRec `sst_long_a2a_optimizer_4` (its one
+  allocator step left out as an outlier) do not.
+- the host's other causes of idle time (analysis/host_activity.py): the memory allocator fires
+  on HTA's AlexNet benchmark (8.5 s of a 12.9 s step in cudaMalloc/cudaFree), CPU ops that
+  launch nothing on the small TorchRec DLRM of torchrec_pr1460/log/resnet18
+  (aten::split_with_sizes, 32 ms of a 43 ms step), no op recorded on HTA's call_stack trace
+  (331 ms of a 413 ms step inside a label); none fires on the H100 trace. No trace here idles
+  on host syncs: that rule is the same function as its three siblings.
 - collective order: the built-in trainer's old DBP captured on an H100 (../shared/gpu
   `timesliced_fwp_dbp`: two process groups from two threads) fires; Megatron (one thread) does
   not. The opposite-order case is a real gloo job under capture (tests/analysis/
@@ -38,22 +46,28 @@ import pytest
 
 from recprof.analysis import AnalysisResult, analyze_paths
 from recprof.analysis.diagnosis import (
+    IDLE_MIN_FRACTION,
+    IDLE_MIN_US,
     RULES,
     Finding,
     JobFacts,
     diagnose,
     diagnose_facts,
     job_facts,
+    rule_allocator_stall,
     rule_collective_order,
     rule_exposed_dense_comm,
     rule_exposed_embedding_comm,
     rule_exposed_h2d,
     rule_host_idle,
+    rule_host_sync,
+    rule_host_work,
     rule_late_peer,
     rule_queued_idle,
     rule_shared_device,
     rule_small_messages,
     rule_straggler,
+    rule_unrecorded_host,
 )
 from recprof.analysis.frameworks import knobs_of
 
@@ -62,7 +76,12 @@ NEG_QUEUE = "hta/negative_queue_length_values_check"
 RESNET50_2021 = "kineto_tb_plugin/2021-06/resnet50_num_workers_0"
 RESNET50_2021_01 = "kineto_tb_plugin/2021-01/resnet50_num_workers_0"
 H100 = "tracelens/h100"
+B200 = "tracelens/b200"
 CPU_ONLY = "hta/cpu_only"
+ALEXNET = "hta/critical_path/alexnet"
+EVENT_SYNC = "hta/critical_path/cuda_event_sync"
+CALL_STACK = "hta/call_stack"
+TORCHREC_SMALL = "torchrec_pr1460/log/resnet18"
 
 #: Knob names of the built-in trainer, which none of these public jobs is: a finding must
 #: never offer them to a job another framework wrote.
@@ -82,7 +101,8 @@ def facts_of(analysis_of: Callable[[str], AnalysisResult]) -> Callable[[str], Jo
 def _check(found: Finding | None, facts: JobFacts) -> Finding:
     assert found is not None
     assert 0 < found.recoverable_us_per_step <= facts.step_us
-    assert set(found.knobs) <= knobs_of(facts.framework, facts.device_kind)  # its own terms
+    assert set(found.knobs) <= knobs_of(facts.framework, facts.device_kind,
+                                        facts.knobs_on)  # its own terms
     assert not set(found.knobs) & TRAINER_ONLY
     assert found.tune_command is None  # bare traces: no run folder to mirror, no trainer config
     return found
@@ -109,8 +129,11 @@ def test_straggler(facts_of: Callable[[str], JobFacts]) -> None:
     f = _check(rule_straggler(facts), facts)
     assert f.headline.startswith("rank 2 makes the others wait")
     assert f.severity == "high"
-    assert facts.framework == "torchrec"  # TorchRec's own ways to even out the ranks
-    assert f.knobs == ["ShardingType", "EmbeddingShardingPlanner"]
+    assert facts.framework == "torchrec"
+    # Its extra time is in no op the trace recorded (a sleep, most likely), not in slower
+    # lookups: re-sharding would not help, recording its stacks would say what it is.
+    assert f.knobs == ["recprof capture --with-stack", "py-spy dump --pid"]
+    assert "unexplained" in f.evidence[-1]
     assert rule_straggler(facts_of(CONTROL)) is None  # one rank: no one to wait for
 
 
@@ -155,17 +178,84 @@ def test_exposed_h2d(facts_of: Callable[[str], JobFacts]) -> None:
 def test_host_idle(facts_of: Callable[[str], JobFacts]) -> None:
     data = _check(rule_host_idle(facts_of(RESNET50_2021)), facts_of(RESNET50_2021))
     assert "input data" in data.headline and data.knobs[0] == "DataLoader num_workers"
-    launch = _check(rule_host_idle(facts_of("sst4")), facts_of("sst4"))
-    assert "launch" in launch.headline and launch.knobs == ["torch.compile", "CUDA graphs"]
+    launch = _check(rule_host_idle(facts_of(B200)), facts_of(B200))
+    assert "launch" in launch.headline
+    # torch.compile is on (its compiled region is in the trace): what is left is its mode
+    assert launch.knobs[0] == "torch.compile(mode='reduce-overhead')"
     assert rule_host_idle(facts_of(H100)) is None
-    # Both causes above the thresholds (launch 57 ms, DataLoader 47 ms of a 214 ms step with
+    assert rule_host_idle(facts_of("sst4")) is None  # its allocator step is an outlier
+    # Both causes above the thresholds (launch 55 ms, DataLoader 47 ms of a 214 ms step with
     # num_workers=0): both named, both remedied, the larger first; in the GPU's own word.
     both = _check(rule_host_idle(facts_of(RESNET50_2021_01)), facts_of(RESNET50_2021_01))
-    assert both.headline.startswith("the GPU idles 49% of the step (105 ms per step) on the "
-                                    "host: host-bound launch 57 ms and input data 47 ms"), \
+    assert both.headline.startswith("the GPU idles 48% of the step (102 ms per step) on the "
+                                    "host: host-bound launch 55 ms and input data 47 ms"), \
         both.headline
     assert both.knobs[:2] == ["torch.compile", "CUDA graphs"]
     assert "DataLoader num_workers" in both.knobs
+
+
+def test_a_cpu_runs_dataloader_wait_is_not_its_overhead(
+        facts_of: Callable[[str], JobFacts]) -> None:
+    """On a CPU run the main thread's waits inside its DataLoader are input data, priced on
+    their own; only its time between ops (no op recorded, CPU ops) is host overhead. With
+    the DataLoader wait below the thresholds and the time between ops above, the finding is
+    about the time between ops alone (issue 51: 7.7 of 11.8 ms of the demo's largest gaps
+    sat in the DataLoader's __next__ and were called framework overhead)."""
+    facts = facts_of(CPU_ONLY)
+    floor = max(IDLE_MIN_US, IDLE_MIN_FRACTION * facts.step_us)
+    idle = {"data_loading": 0.8 * floor, "no_op": 0.9 * floor, "host_ops": 0.3 * floor}
+    cpu = dataclasses.replace(facts, device_kind="cpu", ranks=[
+        dataclasses.replace(r, idle_by_cause_us=idle) for r in facts.ranks])
+    f = rule_host_idle(cpu)
+    assert f is not None and f.title == "Host overhead between ops", f
+    assert f.recoverable_us_per_step == pytest.approx(1.2 * floor)  # not 2.0 x floor
+    assert "input data" not in f.headline
+    assert f.knobs and not {"DataLoader num_workers", "num_workers"} & set(f.knobs)
+    # the wait alone above the thresholds: a finding about input data, with the loader's knobs
+    loader = dataclasses.replace(cpu, ranks=[dataclasses.replace(
+        r, idle_by_cause_us={"data_loading": 1.5 * floor, "no_op": 0.2 * floor})
+        for r in cpu.ranks])
+    g = rule_host_idle(loader)
+    assert g is not None and "waiting for input data" in g.headline, g
+    assert g.recoverable_us_per_step == pytest.approx(1.5 * floor)
+    assert g.knobs[0] == "DataLoader num_workers"
+
+
+def test_allocator_stall(facts_of: Callable[[str], JobFacts]) -> None:
+    facts = facts_of(ALEXNET)
+    f = _check(rule_allocator_stall(facts), facts)
+    assert f.knobs[0] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert "cudaMalloc" in " ".join(f.evidence) and "torch.compile" not in f.knobs
+    assert rule_allocator_stall(facts_of(H100)) is None
+    assert rule_allocator_stall(facts_of("sst4")) is None  # the one allocator step is left out
+
+
+def test_host_work(facts_of: Callable[[str], JobFacts]) -> None:
+    facts = facts_of(TORCHREC_SMALL)
+    f = _check(rule_host_work(facts), facts)
+    assert "aten::split_with_sizes" in " ".join(f.evidence)
+    assert rule_host_work(facts_of(H100)) is None
+
+
+def test_unrecorded_host(facts_of: Callable[[str], JobFacts]) -> None:
+    facts = facts_of(CALL_STACK)
+    f = _check(rule_unrecorded_host(facts), facts)
+    assert f.knobs == ["recprof capture --with-stack", "py-spy dump --pid"]
+    assert rule_unrecorded_host(facts_of(H100)) is None
+
+
+def test_host_sync(facts_of: Callable[[str], JobFacts]) -> None:
+    """No trace at hand idles on host syncs (HTA's event-sync example idles 0.01 ms in one):
+    the rule does not fire there; moved onto the AlexNet benchmark's measured allocator idle,
+    it fires with the sync's own advice (the rule is the allocator's with another cause)."""
+    assert rule_host_sync(facts_of(EVENT_SYNC)) is None
+    assert rule_host_sync(facts_of(H100)) is None
+    facts = facts_of(ALEXNET)
+    moved = dataclasses.replace(facts, ranks=[
+        dataclasses.replace(r, idle_by_cause_us={"host_sync": r.idle_by_cause_us["allocator"]})
+        for r in facts.ranks])
+    f = _check(rule_host_sync(moved), moved)
+    assert ".item()" in f.advice and "cudaStreamSynchronize" in f.advice
 
 
 def test_collective_order(facts_of: Callable[[str], JobFacts], shared_traces: Path) -> None:
@@ -215,7 +305,7 @@ def test_nothing_wrong(facts_of: Callable[[str], JobFacts]) -> None:
 
 def test_findings_ranked_by_recoverable_time(
         analysis_of: Callable[[str], AnalysisResult]) -> None:
-    (job,) = analysis_of("megatron").jobs
+    (job,) = analysis_of(B200).jobs
     found = diagnose(job)
     assert len(found) >= 2
     gains = [f.recoverable_us_per_step for f in found]
@@ -227,5 +317,6 @@ def test_every_rule_is_exercised_above() -> None:
     # A new rule must get its own occurs / does-not-occur test in this module.
     tested = {rule_exposed_embedding_comm, rule_exposed_dense_comm, rule_straggler,
               rule_late_peer, rule_small_messages, rule_exposed_h2d, rule_host_idle,
-              rule_collective_order, rule_shared_device, rule_queued_idle}
+              rule_collective_order, rule_shared_device, rule_queued_idle,
+              rule_allocator_stall, rule_host_sync, rule_host_work, rule_unrecorded_host}
     assert set(RULES) == tested

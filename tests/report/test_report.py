@@ -78,7 +78,7 @@ def test_straggler_named_in_verdict(real_report: Callable[[str], Path]) -> None:
 def test_megatron_findings_offer_no_trainer_command(real_report: Callable[[str], Path]) -> None:
     html = real_report("megatron").read_text("utf-8")
     assert "8 ranks · backend nccl · CUDA (NVIDIA A100-SXM4-80GB) · 1 step covered (#3)" in html
-    assert html.count('<span class="finding-title">') >= 2
+    assert html.count('<span class="finding-title">') >= 1
     assert "recprof tune" not in html  # Megatron is not the built-in trainer
     assert "Knobs to try:" in html
 

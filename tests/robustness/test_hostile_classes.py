@@ -352,24 +352,28 @@ def test_a_gzip_bomb_is_refused(tmp_path: Path) -> None:
     assert str(err.value).startswith(f"{bomb}: decompresses to more than 4 MB")
 
 
-# --- IndexError in idle._GapExplainer: a subnormal gap (found by the nightly fuzz run) -------
+# --- IndexError in the idle gaps' host split: a subnormal gap (found by the nightly fuzz run) ---
 
 def test_a_subnormal_idle_gap_is_not_explained_by_a_span_that_misses_it(
         shared_traces: Path) -> None:
-    from recprof.analysis.idle import (
-        COLLECTIVE_WAIT,
-        DATA_LOADING,
-        HOST_BOUND_LAUNCH,
-        _GapExplainer,
-    )
+    """Half of a subnormal length underflows to 0, which "nothing covers it" (0 us) met: empty
+    span sets were then indexed at -1. A stretch before every span and one at the origin, each
+    5e-324 us long, split over the main thread's activities: nothing raises, no activity gets
+    time it does not cover (none of it is data loading; the trace has none), and each
+    stretch's parts add up to its length."""
+    from recprof.analysis.host_activity import ACTIVITIES, DATA_LOADING, NO_OP, HostActivity
     from recprof.trace import load_rank_trace
 
     trace = load_rank_trace(sorted((shared_traces / SST).iterdir())[0])
-    assert len(trace.data_loading.start) == 0 and len(trace.comm_waits.start) > 0
-    # Half of a subnormal length underflows to 0, which "nothing covers it" (0 µs) met: the
-    # empty data-loading spans were then indexed at -1.
-    starts = np.array([-1e15, 0.0])  # before every span; at the origin
-    explainer = _GapExplainer(trace, starts, starts + 5e-324)
-    for gap in range(len(starts)):
-        cause, _ = explainer.explain(gap, (HOST_BOUND_LAUNCH, ""))
-        assert cause not in (DATA_LOADING, COLLECTIVE_WAIT)
+    thread = HostActivity(trace).thread(trace.main_thread)
+    assert len(thread.parts[DATA_LOADING]) == 0
+    lo = np.array([-1e15, 0.0])  # before every span; at the origin
+    hi = lo + 5e-324
+    parts = thread.split(lo, hi)
+    assert set(parts) == {*ACTIVITIES, NO_OP}
+    assert np.all(parts[DATA_LOADING] == 0.0)
+    total = sum(parts.values())
+    assert np.all(total == hi - lo)
+    for activity in ACTIVITIES:
+        for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+            assert isinstance(thread.detail(activity, a, b), str)

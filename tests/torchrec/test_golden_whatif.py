@@ -79,8 +79,8 @@ def test_the_exposed_all_to_all_finding_quotes_a_precision_torchrec_can_send(
     assert "QCommsConfig.forward_precision" in finding.knobs
     quoted = dataclasses.replace(job, findings=[finding])
     quote_predictions(quoted)
-    (estimate,) = [f.estimate for f in quoted.findings]
-    assert "Predicted by recprof whatif (unprofiled step " in estimate, quoted.warnings
-    quote = estimate.split("Predicted by recprof whatif", 1)[1]
-    assert ("the embedding exchange in fp16 (QCommsConfig" in quote
-            or "the embedding exchange in bf16 (QCommsConfig" in quote), quote
+    (quoted_finding,) = quoted.findings
+    (prediction,) = quoted_finding.predictions
+    assert prediction.value in {"fp16", "bf16"}, quoted.warnings
+    assert "QCommsConfig" in prediction.knob, prediction
+    assert "quantise and dequantise" in quoted_finding.prediction_note

@@ -61,6 +61,7 @@ def test_real_study_with_failure_interrupt_and_resume(tmp_path: Path) -> None:
         sys.executable, "-m", "recprof", "tune", "--nproc-per-node", "2", "--config", str(TINY),
         "--space", str(space), "--trials", "3", "--trial-timeout", "240", "--out", str(out),
         "--seed", "0", "--no-progress",
+        "--confirm-rounds", "0",  # the search is tested here; confirmation: test_confirm*.py
     ]  # fmt: skip
     settings = TuneSettings(out=out)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,

@@ -39,6 +39,7 @@ def _tune_argv(config: Path, out: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "recprof", "tune", "--nproc-per-node", "2",
         "--launcher", FAKE_LAUNCHER, "--config", str(config), "--capture", "off",
         "--no-progress", "--trial-timeout", "60", "--out", str(out), *extra,
+        "--confirm-rounds", "0",  # workers are tested here; confirmation: test_confirm*.py
     ]  # fmt: skip
 
 

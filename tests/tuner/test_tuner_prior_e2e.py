@@ -30,7 +30,8 @@ def test_the_run_after_the_captured_baseline_is_the_predicted_best(tmp_path: Pat
     proc = subprocess.run(
         [sys.executable, "-m", "recprof", "tune", "--nproc-per-node", "2", "--config", str(TINY),
          "--space", str(space), "--trials", "2", "--trial-timeout", "240", "--out", str(out),
-         "--seed", "0", "--capture", "baseline", "--no-progress"],
+         "--seed", "0", "--capture", "baseline", "--no-progress",
+         "--confirm-rounds", "0"],  # the prior is tested here; confirmation: test_confirm*.py
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = load(TuneSettings(out=out), "tiny-1x2")

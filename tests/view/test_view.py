@@ -72,12 +72,16 @@ def _compared_steps(client: PluginClient, run: str, result: AnalysisResult
                     ) -> list[tuple[int, StepMetrics, list[float]]]:
     """(rank, recprof's step, the plugin's [comp, overlap, comm, other]) for every step but
     each rank's last: the plugin ends a step where the device work its own launches made ends,
-    recprof runs the last one to the later of that and its CPU end (the mapping doc says why)."""
+    recprof runs the last one to the later of that and its CPU end (the mapping doc says why).
+    Outlier steps, left out of the per-step figures, keep their own metrics and are compared
+    too."""
     spans = client.get("spans", run=run, worker="All")
     overlap = client.overlap(run, spans[0] if spans else None)
     rows = []
     for rank in result.jobs[0].ranks:
-        for step in rank.steps[:-1]:
+        steps = sorted([*rank.steps, *(o.metrics for o in rank.outlier_steps)],
+                       key=lambda s: s.number)
+        for step in steps[:-1]:
             rows.append((rank.rank, step, overlap[str(step.number)][f"rank{rank.rank}"]))
     return rows
 

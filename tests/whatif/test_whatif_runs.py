@@ -226,12 +226,16 @@ def test_findings_quote_the_predicted_gain_of_their_knobs(captured: Path) -> Non
     result = analyze_paths([captured / "traces"])
     quote_all(result)
     (job,) = result.jobs
-    quoted = [f for f in job.findings if "Predicted by recprof whatif" in f.estimate]
+    quoted = [f for f in job.findings if f.predictions]
     assert quoted, [f.estimate for f in job.findings]
     for finding in quoted:
-        # each quote names one of the finding's own knobs, a value and a step in ms
-        quotes = finding.estimate.split("ms now): ", 1)[1].split("; ")
-        assert all(q.split("=", 1)[0] in finding.knobs and " ms (" in q for q in quotes), quotes
+        # each prediction is one of the finding's own knobs, best first, and the knobs are
+        # listed in the order the predictions rank them
+        names = [k.knob for k in finding.predictions]
+        assert set(names) <= set(finding.knobs), (names, finding.knobs)
+        assert finding.knobs[:len(names)] == names, (names, finding.knobs)
+        steps = [k.step_us for k in finding.predictions]
+        assert steps == sorted(steps) and all(k.base_us > 0 for k in finding.predictions)
     assert not [w for w in job.warnings if "no predicted gains" in w]
 
 
