@@ -157,3 +157,22 @@ def test_ending_a_job_reaches_processes_outside_its_group(tmp_path: Path) -> Non
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_launcher_turns_the_flight_recorder_on_unless_the_user_set_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch reads TORCH_FR_BUFFER_SIZE (or its old name TORCH_NCCL_TRACE_BUFFER_SIZE); the job
+    gets 2,000 entries unless the user named a size, 0 included, or the hang watch is off."""
+    from recprof.capture.launcher import job_env
+
+    schedule = layout.Schedule()
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert job_env(tmp_path, schedule)["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert "TORCH_FR_BUFFER_SIZE" not in job_env(tmp_path, schedule, hang=False)
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
+    assert job_env(tmp_path, schedule)["TORCH_FR_BUFFER_SIZE"] == "0"
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE")
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "64")
+    env = job_env(tmp_path, schedule)
+    assert "TORCH_FR_BUFFER_SIZE" not in env and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "64"
