@@ -160,11 +160,16 @@ def _sizes(value: Any) -> list[list[int]]:
         return []
 
 
-def dump_collectives(doc: dict[str, Any]) -> list[Collective]:
-    """The collectives of a dump (point-to-point entries left out), in record order."""
+def dump_collectives(doc: dict[str, Any]) -> tuple[list[Collective], int]:
+    """The collectives of a dump (point-to-point entries left out), in record order, and how
+    many entries were malformed (left out too)."""
     out = []
+    bad = 0
     for e in doc.get("entries", []):
-        if not isinstance(e, dict) or e.get("is_p2p"):
+        if not isinstance(e, dict):
+            bad += 1
+            continue
+        if e.get("is_p2p"):
             continue
         try:
             group = e.get("process_group") or ["?", ""]
@@ -177,9 +182,9 @@ def dump_collectives(doc: dict[str, Any]) -> list[Collective]:
                 finished=_finished(e), site=user_frame(stack),
                 record_id=int(e["record_id"]) if e.get("record_id") is not None else None))
         except (KeyError, TypeError, ValueError, IndexError):
-            continue
+            bad += 1
     out.sort(key=lambda c: (c.record_id if c.record_id is not None else -1))
-    return out
+    return out, bad
 
 
 def dump_groups(doc: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
@@ -200,7 +205,11 @@ def dump_groups(doc: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
 def add_dump(records: RankRecords, path: Path) -> None:
     """Add one dump's collectives to a rank (a rank may have a gloo and an NCCL dump)."""
     doc = load_dump(path)
-    records.collectives = sorted(records.collectives + dump_collectives(doc),
+    collectives, bad = dump_collectives(doc)
+    if bad:
+        records.errors.append(f"{path}: {bad} malformed flight recorder entr"
+                              f"{'y' if bad == 1 else 'ies'} left out")
+    records.collectives = sorted(records.collectives + collectives,
                                  key=lambda c: (c.record_id if c.record_id is not None else -1))
     records.fr_groups.update(dump_groups(doc))
     records.has_fr = True

@@ -51,9 +51,9 @@ def line_of(text: str) -> int:
 
 def capture(out: Path, nproc: int, scenario: str, *options: str,
             job_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "recprof", "capture", "--out", str(out), "--wait", "3",
-           "--warmup", "1", "--active", "3", *options, "--", *TORCHRUN, str(nproc), str(JOB),
-           scenario, *job_args]
+    window = [] if "--on-demand" in options else ["--wait", "3", "--warmup", "1", "--active", "3"]
+    cmd = [sys.executable, "-m", "recprof", "capture", "--out", str(out), *window, *options,
+           "--", *TORCHRUN, str(nproc), str(JOB), scenario, *job_args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=JOB_ENV,
                           cwd=REPO_ROOT)
 
@@ -183,10 +183,11 @@ def test_flight_recorder_files_of_a_job_without_recprof_give_the_same_diagnosis(
 def test_groups_issued_in_opposite_orders_are_named_and_the_job_is_left_to_its_timeout(
         tmp_path: Path) -> None:
     """From step 5 rank 1 reduces on `sparse_sync` before `dense_sync`; both ranks wait on each
-    other. Default `--on-hang wait`: the report comes while the job hangs, then the job's own
-    gloo timeout ends it and capture exits with its status."""
+    other. Armed `--on-demand` (never triggered) and default `--on-hang wait`: the report comes
+    while the job hangs, then the job's own gloo timeout ends it and capture exits with its
+    status; the run's report holds the hang section though no window was recorded."""
     out = tmp_path / "run"
-    proc = capture(out, 2, "group_order", "--hang-after", "5",
+    proc = capture(out, 2, "group_order", "--on-demand", "--hang-after", "5",
                    job_args=("--gloo-timeout", "25"))
     d = diagnosis(out)
     first = d.problems[0]
@@ -205,6 +206,7 @@ def test_groups_issued_in_opposite_orders_are_named_and_the_job_is_left_to_its_t
     assert m["hang"]["on_hang"] == "wait" and d.action == "left the job running (--on-hang wait)"
     assert proc.returncode == m["exit_code"] != 0
     assert any("Timed out" in (r.get("exit") or {}).get("error", "") for r in m["ranks"])
+    assert "wait on each other across groups" in (out / m["report"]).read_text()
 
 
 def test_a_rank_stuck_in_its_data_loading_is_named_with_its_worker_line(tmp_path: Path) -> None:

@@ -176,3 +176,32 @@ def test_the_launcher_turns_the_flight_recorder_on_unless_the_user_set_it(
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "64")
     env = job_env(tmp_path, schedule)
     assert "TORCH_FR_BUFFER_SIZE" not in env and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "64"
+
+
+def _analyze(*paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "recprof", "analyze", *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_dump_that_names_a_class_or_is_cut_short_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    """Flight recorder files are pickles from wherever the user found them: one that would
+    build an object (here a pathlib.Path, harmless, but a pickle may name any callable) is
+    refused without being built, and one cut short by a kill is named, exit 2 both."""
+    import pickle
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "comm_lib_trace_rank_0").write_bytes(
+        pickle.dumps({"version": "2.10", "entries": [], "pg_config": Path("/")}))
+    proc = _analyze(dumps)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(dumps / "comm_lib_trace_rank_0") in line and "pathlib" in line
+    whole = pickle.dumps({"version": "2.10", "entries": [
+        {"record_id": i, "collective_seq_id": i + 1, "process_group": ["0", "default_pg"],
+         "profiling_name": "gloo:all_reduce", "retired": True} for i in range(50)]})
+    (dumps / "comm_lib_trace_rank_0").write_bytes(whole[: len(whole) // 2])
+    proc = _analyze(dumps)
+    assert proc.returncode == 2 and "truncated" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
