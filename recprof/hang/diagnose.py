@@ -648,7 +648,11 @@ def _root_advice(views: list[RankView]) -> str:
     words = []
     for v in views:
         at = f" at {v.where.short()}" if v.where else ""
-        if v.state == RankState.OUTSIDE:
+        if v.state == RankState.OUTSIDE and v.cpu_share is None:
+            words.append(f"rank {v.rank} is outside any collective{at}: look there (data "
+                         "loading, I/O, a lock, or work that takes longer than the others "
+                         "wait: a flight recorder file alone cannot tell stuck from slow)")
+        elif v.state == RankState.OUTSIDE:
             words.append(f"rank {v.rank} is stuck outside any collective{at}: look there (data "
                          "loading, I/O, a lock); a timeout there turns a silent hang into an "
                          "error")
