@@ -52,6 +52,8 @@ from recprof.hang.records import (
 BUSY_CPU_SHARE = 0.5
 #: Collectives listed per rank as the last it issued.
 LAST_ISSUED = 4
+#: The user's lines the headline names (the problem's, most telling first).
+HEADLINE_LINES = 4
 #: Operations whose every member passes tensors of the same shapes.
 _SAME_SHAPES = {"all_reduce", "allreduce", "broadcast", "reduce", "all_gather", "allgather",
                 "_allgather_base", "all_gather_into_tensor", "reduce_scatter",
@@ -451,7 +453,11 @@ class _Work:
             for r in roots:
                 if r not in absent:
                     detail.append(_whereabouts(views[r]))
-            lines = _unique([f for f in [call.site] + [views[r].where for r in roots] if f])
+            # Where the ranks that hold the others up are (and their DataLoader workers),
+            # then the collective the others wait in.
+            held_up = [f for r in roots for f in
+                       [views[r].where, *_worker_frames(self.records.get(r))] if f]
+            lines = _unique([*held_up, *([call.site] if call.site else [])])
             root_words = "; ".join(_short_whereabouts(views[r]) for r in roots)
             title = (f"rank{'s' if len(absent) > 1 else ''} {_ranks(absent)} never issued "
                      f"{call.name()}" + (f", {call.tensors()}" if call.tensors() else "")
@@ -653,9 +659,10 @@ def _root_advice(views: list[RankView]) -> str:
                          "loading, I/O, a lock, or work that takes longer than the others "
                          "wait: a flight recorder file alone cannot tell stuck from slow)")
         elif v.state == RankState.OUTSIDE:
-            words.append(f"rank {v.rank} is stuck outside any collective{at}: look there (data "
-                         "loading, I/O, a lock); a timeout there turns a silent hang into an "
-                         "error")
+            worker = (f" (its DataLoader worker is at {v.workers[0]})" if v.workers else "")
+            words.append(f"rank {v.rank} is stuck outside any collective{at}{worker}: look "
+                         "there (data loading, I/O, a lock); a timeout there turns a silent "
+                         "hang into an error")
         elif v.state == RankState.COMPUTING:
             words.append(f"rank {v.rank} is still computing{at}: if that work is meant to take "
                          "this long, raise --hang-after; otherwise it loops")
@@ -672,17 +679,31 @@ def _root_advice(views: list[RankView]) -> str:
     return "; ".join(words)
 
 
+def _worker_own_frames(child: dict) -> list[Frame]:
+    """A child process's innermost two frames of the user's code, where it is in that code:
+    frames below the worker's own loop are the parent's, from before the fork."""
+    stack = fatal_stack_text(child.get("stacks") or "") or []
+    loop = next((i for i, f in enumerate(stack) if f.name in _WORKER_LOOPS), len(stack))
+    return [f for f in stack[:loop] if not is_library(f.file)][:2]
+
+
 def _worker_lines(rec: RankRecords) -> list[str]:
-    """The user's line each child process (DataLoader worker) is at, where it is in the
-    user's code: frames below the worker's own loop are the parent's, from before the fork."""
+    """The user's lines each child process (DataLoader worker) is at, innermost first."""
     out = []
     for child in (rec.state or {}).get("children") or []:
-        stack = fatal_stack_text(child.get("stacks") or "") or []
-        loop = next((i for i, f in enumerate(stack) if f.name in _WORKER_LOOPS), len(stack))
-        own = [f for f in stack[:loop] if not is_library(f.file)][:2]
+        own = _worker_own_frames(child)
         if own:
             out.append(" <- ".join(f.short() for f in own) + f" (pid {child.get('pid')})")
     return out
+
+
+def _worker_frames(rec: RankRecords | None) -> list[Frame]:
+    """The user's frames the rank's first child process that is in the user's code is at."""
+    for child in ((rec.state or {}).get("children") or []) if rec else []:
+        own = _worker_own_frames(child)
+        if own:
+            return own
+    return []
 
 
 #: Where a child process's own work starts (torch's DataLoader worker, multiprocessing).
@@ -715,7 +736,7 @@ def headline(d: HangDiagnosis) -> list[str]:
     lines = [f"{word}: {first.title}"]
     if first.lines:
         lines.append("line: " + "; ".join(f"{f.file}:{f.line} in {f.name}"
-                                          for f in first.lines[:3]))
+                                          for f in first.lines[:HEADLINE_LINES]))
     if first.advice:
         lines.append(f"do: {first.advice}")
     return lines

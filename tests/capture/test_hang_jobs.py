@@ -230,6 +230,10 @@ def test_a_rank_stuck_in_its_data_loading_is_named_with_its_worker_line(tmp_path
     assert stuck.cpu_share is not None and stuck.cpu_share < 0.5
     assert "rank 3 never issued all_to_all" in d.headline[0]
     assert f"hang_job.py:{planted('loader_stall')}" in d.headline[0]
+    # The line row names where rank 3 is first, its worker's lines, then the collective.
+    assert d.headline[1].startswith(f"line: {JOB}:{line_of('ids = next(batches)')} in main")
+    assert f"{JOB}:{planted('loader_stall')} in __iter__" in d.headline[1]
+    assert f"hang_job.py:{planted('loader_stall')}" in d.headline[2]  # the "do:" line
     assert_in_time(d)
     assert left_running(out) == []
 
