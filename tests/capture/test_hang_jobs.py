@@ -272,3 +272,26 @@ def test_a_job_three_times_slower_but_advancing_is_not_called_hung(tmp_path: Pat
     assert slow > 2.5 * fast  # the job did slow down about 3x
     assert not (out / "hang").exists() and manifest(out)["hang"] is None
     assert "looks hung" not in proc.stdout + proc.stderr
+
+
+def test_all_to_all_that_expects_more_than_is_sent_is_reported_after_a_clean_exit(
+        tmp_path: Path) -> None:
+    """At step 10 rank 1 expects 3 more ids from rank 0 than rank 0 sends: gloo raises nothing
+    and the receiver reads memory nobody wrote; the job exits 0. Capture's record of each
+    rank's counts still names the pair: rank 0's own send count to rank 1 (its issue log) and
+    the job's planted +3."""
+    out = tmp_path / "run"
+    proc = capture(out, 2, "a2a_splits", "--hang-after", "30", job_args=("--corrupt", "3"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    number = 10 * DEFAULT_GROUP_PER_STEP + 2  # step 10's ids all-to-all
+    lines = [json.loads(line) for line in
+             (out / "issue_log" / "rank0.jsonl").read_text().splitlines()]
+    (sent,) = [r for r in lines if r.get("n") == number - 1]  # n counts from 0
+    d = diagnosis(out)
+    assert d.kind == "mismatch" and d.problems[0].kind == "splits", d.headline
+    to_rank1 = sent["send"][1]
+    assert d.headline[0].startswith(
+        f"MISMATCH: all_to_all_single #{number} of group 0: rank 1 expects {to_rank1 + 3} "
+        f"elements ({(to_rank1 + 3) * 8} bytes) from rank 0, which sends {to_rank1} "
+        f"({to_rank1 * 8} bytes)")
+    assert d.problems[0].lines[0].line == planted("a2a_splits")
