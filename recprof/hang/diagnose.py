@@ -209,7 +209,7 @@ class _Work:
         order, in_cycles = self._order(views, waits)
         problems += order
         problems += self._not_reached(views, waits, in_cycles)
-        problems += self._each_rank(views, problems)
+        problems += self._each_rank(views, waits)
         if not any(p.kind in (ProblemKind.NOT_REACHED, ProblemKind.ORDER, ProblemKind.MISMATCH,
                               ProblemKind.SKIPPED, ProblemKind.SPLITS) for p in problems):
             problems += self._stalled(views)
@@ -431,7 +431,9 @@ class _Work:
         out = []
         for name, group in self.groups.items():
             have = {r: s for r, s in group.issued.items() if r in group.ranks}
-            members = group.ranks
+            # A member with no records in this numbering (no dump) is unknown, not behind:
+            # it is named by `_each_rank`, with the ranks that wait for it.
+            members = [r for r in group.ranks if r in self.order]
             if not have or len(members) < 2:
                 continue
             top = max(have.values())
@@ -471,7 +473,8 @@ class _Work:
                 advice=_root_advice([views[r] for r in (roots or absent)])))
         return out
 
-    def _each_rank(self, views: dict[int, RankView], found: list[Problem]) -> list[Problem]:
+    def _each_rank(self, views: dict[int, RankView],
+                   waits: dict[int, list[int]]) -> list[Problem]:
         out = []
         for view in views.values():
             if view.state == RankState.COMPUTING:
@@ -482,9 +485,20 @@ class _Work:
                     + (f" at {view.where.short()}" if view.where else "")
                     + f" ({view.note})", advice=_root_advice([view])))
             elif view.state in (RankState.NO_ANSWER, RankState.NO_DUMP):
+                waiting = [views[r] for r, behind in sorted(waits.items())
+                           if view.rank in behind and views[r].waits_in is not None]
+                call = waiting[0].waits_in if waiting else None
+                title = f"rank {view.rank} gave no dump ({view.note})"
+                if call is not None:
+                    title += (f"; rank{'s' if len(waiting) > 1 else ''} "
+                              f"{_ranks([w.rank for w in waiting])} wait"
+                              f"{'s' if len(waiting) == 1 else ''} for it in {call.name()}"
+                              + (f" at {call.site.short()}" if call.site else ""))
                 out.append(Problem(
-                    kind=ProblemKind.NO_ANSWER, ranks=[view.rank],
-                    title=f"rank {view.rank} gave no dump: {view.note}",
+                    kind=ProblemKind.NO_ANSWER, ranks=[view.rank], collective=call,
+                    lines=_unique([w.waits_in.site for w in waiting
+                                   if w.waits_in and w.waits_in.site]),
+                    title=title, detail=[_whereabouts(w) for w in waiting],
                     advice=_root_advice([view])))
             elif view.state == RankState.EXITED and self.inputs.kind != "mismatch":
                 out.append(Problem(
@@ -497,8 +511,9 @@ class _Work:
 
     def _stalled(self, views: dict[int, RankView]) -> list[Problem]:
         waiting = [v for v in views.values() if v.state == RankState.WAITING and v.waits_in]
-        if not waiting:
-            return []
+        if not waiting or any(v.state in (RankState.NO_ANSWER, RankState.NO_DUMP)
+                              for v in views.values()):
+            return []  # a rank with no dump may be the one they wait for
         call = waiting[0].waits_in
         assert call is not None
         return [Problem(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from functools import cache
@@ -147,6 +148,30 @@ def test_on_hang_kill_leaves_no_process_and_keeps_what_was_recorded(skipped) -> 
     assert "report.html" in {p.name for p in out.iterdir()}
     html = (out / "report.html").read_text()
     assert "rank 1 skipped all_reduce" in html
+
+
+def test_a_rank_that_gave_no_dump_is_named_with_the_ranks_that_wait_for_it(
+        skipped, tmp_path: Path) -> None:
+    """The same run with rank 1's dumps taken away (as if it had not answered): `recprof
+    analyze` names rank 1 as giving none, and rank 0 as waiting for it in the loss all-reduce,
+    not "rank 1 never issued" a collective it may well have issued."""
+    out, _ = skipped
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "hang" / "raw" / "rank1")
+    analyze = subprocess.run([sys.executable, "-m", "recprof", "analyze", str(copy), "--json",
+                              str(tmp_path / "a.json")], capture_output=True, text=True,
+                             timeout=120, env=JOB_ENV, cwd=REPO_ROOT)
+    assert analyze.returncode == 0, analyze.stderr
+    (d,) = json.loads((tmp_path / "a.json").read_text())["hangs"]
+    first = d["problems"][0]
+    number = 30 * DEFAULT_GROUP_PER_STEP + DEFAULT_GROUP_PER_STEP  # the loss all-reduce
+    assert first["kind"] == "no_answer" and first["ranks"] == [1], d["headline"]
+    assert (first["collective"]["op"], first["collective"]["seq"]) == ("all_reduce", number)
+    assert first["lines"][0]["line"] == planted("skip_allreduce")
+    assert d["headline"][0].startswith("HUNG: rank 1 gave no dump")
+    assert f"rank 0 waits for it in all_reduce #{number} of group 0" in d["headline"][0]
+    assert not any(p["kind"] in ("not_reached", "stalled") for p in d["problems"])
 
 
 def test_flight_recorder_files_of_a_job_without_recprof_give_the_same_diagnosis(
