@@ -17,16 +17,17 @@ write per collective call (a few microseconds). No torch import here: the hook p
 once the job has imported it.
 
 An all-to-all also notes what it sends to and expects from each member (its split sizes times
-the row's elements): a disagreement there corrupts or hangs the job and no other record holds
-it. The last `TAIL_LINES` lines also stay in memory, counted on past the file's cap, so that a
-rank asked for its dumps in a hang (capture/hang_responder.py) can say what it issued last
-even after hours of training.
+the row's elements) and the line that called it: a disagreement there corrupts or hangs the job
+and no other record holds it. The last `TAIL_LINES` lines also stay in memory, counted on past
+the file's cap, so that a rank asked for its dumps in a hang (capture/hang_responder.py) can
+say what it issued last even after hours of training.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -148,7 +149,7 @@ class IssueLog:
                     {"group": name, "op": op, "thread": thread})[:-1] + ', "n": '
             line = f"{self._prefix[key]}{self._numbers[name]}"
             if op in _ALL_TO_ALL and 0 < self._sizes[name] <= SPLITS_MAX_RANKS:
-                line += _counts(op, args, kwargs or {}, self._sizes[name])
+                line += _counts(op, args, kwargs or {}, self._sizes[name]) + _caller()
             line += "}"
             self.tail.append(line)
             text.append(line)
@@ -195,6 +196,18 @@ def _counts(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], members: int
         return ""
     return (f', "send": [{", ".join(map(str, send))}], "recv": [{", ".join(map(str, recv))}], '
             f'"elem_bytes": {elem_bytes}')
+
+
+def _caller() -> str:
+    """`, "at": [file, line, function]` of the code that called the collective: frame 0 is
+    this function, 1 `_note`, 2 the wrapper, 3 its caller. A disagreement in counts can end
+    the job cleanly (gloo), with no stack left to say where the call was."""
+    try:
+        frame = sys._getframe(3)
+    except ValueError:
+        return ""
+    code = frame.f_code
+    return f', "at": {json.dumps([code.co_filename, frame.f_lineno, code.co_name])}'
 
 
 def _per_member(tensor: Any, splits: Sequence[int] | None, members: int) -> list[int] | None:

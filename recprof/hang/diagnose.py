@@ -268,7 +268,8 @@ class _Work:
             "(gloo: 'op.preamble.length <= op.nbytes ... Received data size doesn't match "
             "expected size'); one that expects more can read memory nobody wrote (gloo) or "
             "wait forever (NCCL)")
-        lines = [f for f in (self._site(r, call.op) for r in (dst, src)) if f is not None]
+        lines = _unique([f for f in (self._site(r) or calls[r].site for r in (dst, src))
+                         if f is not None])
         return Problem(
             kind=ProblemKind.SPLITS, ranks=sorted({src, dst}), collective=named, lines=lines,
             title=(f"{named.name()}: rank {dst} expects {expected} elements{bytes_[0]} from "
@@ -278,7 +279,7 @@ class _Work:
                     "output split sizes from the counts the peers sent (an all-to-all of the "
                     "counts first), not from a value computed on each rank alone"))
 
-    def _site(self, rank: int, op: str) -> Frame | None:
+    def _site(self, rank: int) -> Frame | None:
         """The user's line of `rank`'s current collective (its stack, or its dump)."""
         rec = self.records.get(rank)
         if rec is None:

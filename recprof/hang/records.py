@@ -233,7 +233,8 @@ def issue_lines(lines: list[str]) -> tuple[list[Collective], dict[str, list[int]
                     group=r.group, group_desc="", seq=r.number + 1, op=r.op,
                     send=list(r.send) if r.send is not None else None,
                     recv=list(r.recv) if r.recv is not None else None,
-                    elem_bytes=r.elem_bytes))
+                    elem_bytes=r.elem_bytes,
+                    site=user_frame([Frame(*r.at)]) if r.at is not None else None))
         except (ValueError, KeyError, TypeError):
             break  # a line cut short by a kill ends the log
     return issued, groups

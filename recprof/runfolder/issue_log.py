@@ -8,7 +8,8 @@ One JSON object per line: a group's members the first time it is used (`{"group"
 started, so ranks line up exactly), at most `MAX_ISSUES` of them (then `{"stopped_after":
 MAX_ISSUES}`). An all-to-all in a group of at most `SPLITS_MAX_RANKS` ranks also carries what it
 sends to and expects from each member, in elements, and the element's size in bytes (`"send":
-[36, 28], "recv": [33, 30], "elem_bytes": 8`): what rank i sends to j must be what j expects
+[36, 28], "recv": [33, 30], "elem_bytes": 8`) and the line that called it (`"at": [file, line,
+function]`): what rank i sends to j must be what j expects
 from i, and neither torch's flight recorder nor the traces record it (recprof/hang checks it).
 """
 
@@ -44,6 +45,8 @@ class IssueRecord:
     send: tuple[int, ...] | None = None
     recv: tuple[int, ...] | None = None
     elem_bytes: int | None = None
+    #: All-to-alls: the (file, line, function) that called it.
+    at: tuple[str, int, str] | None = None
 
 
 @dataclass
@@ -81,4 +84,6 @@ def issue_record(record: dict) -> IssueRecord:
         send=tuple(int(x) for x in send) if send is not None else None,
         recv=tuple(int(x) for x in recv) if recv is not None else None,
         elem_bytes=int(record["elem_bytes"]) if record.get("elem_bytes") is not None else None,
+        at=(str(record["at"][0]), int(record["at"][1]), str(record["at"][2]))
+        if record.get("at") is not None else None,
     )
