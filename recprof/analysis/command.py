@@ -18,6 +18,8 @@ from recprof.analysis.inputs import analyze_with_progress
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.stages import waiting_note
 from recprof.errors import RecprofError
+from recprof.hang.model import HangDiagnosis
+from recprof.hang.text import render as render_hang
 from recprof.options import parse_step_spec
 
 #: `--scheduler` and `--workers`, shared by `recprof analyze` and `recprof report`.
@@ -104,8 +106,18 @@ MAX_COLLECTIVE_ROWS = 12
 
 
 def print_summary(result: AnalysisResult, console: Console) -> None:
+    for hang in result.hangs:
+        _print_hang(hang, console)
     for job in result.jobs:
         _print_job(job, console)
+
+
+def _print_hang(hang: HangDiagnosis, console: Console) -> None:
+    """A hang diagnosis (recprof/hang): its headline in bold, then its short text report."""
+    text = render_hang(hang).splitlines()
+    console.print(f"[bold red]{escape(text[0])}[/]", highlight=False, soft_wrap=True)
+    for line in text[1:]:
+        console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 def _print_job(job: JobAnalysis, console: Console) -> None:

@@ -1,5 +1,6 @@
 """What a command is given, opened as an analysis: trace files or folders, a run's capture
-folders (or the folder holding them), or an analysis document written by `recprof analyze
+folders (or the folder holding them), flight recorder dumps (a capture's `hang/`, or files a
+job wrote without recprof: recprof/hang), or an analysis document written by `recprof analyze
 --json`. The one home for it: `report`, `view`, `mirror`, `whatif`, `compare` and `tune --like`
 all open their input here, so they accept and refuse the same things in the same words.
 """
@@ -17,6 +18,7 @@ from recprof.analysis.executors import open_executor
 from recprof.analysis.model import AnalysisResult, JobAnalysis
 from recprof.analysis.pipeline import analyze_paths
 from recprof.errors import RecprofError
+from recprof.hang.sources import diagnose_source, split_inputs
 from recprof.options import parse_step_spec
 from recprof.runfolder.run import check_runs, open_run
 
@@ -63,8 +65,19 @@ def load_result(paths: list[Path], steps: str | None = None, scheduler: str | No
 def analyze_with_progress(paths: list[Path], steps: set[int] | None, scheduler: str | None,
                           workers: int | None) -> AnalysisResult:
     """`analyze_paths` on the executor the options ask for, with a progress bar across ranks
-    on standard error (when it is a terminal)."""
+    on standard error (when it is a terminal); the hang diagnoses the paths hold beside."""
     check_runs(paths)
+    sources, paths = split_inputs(list(paths))
+    hangs = [diagnose_source(source) for source in sources]
+    if not paths:
+        return AnalysisResult(jobs=[], inputs=[s.label for s in sources], hangs=hangs)
+    result = _analyze_traces(paths, steps, scheduler, workers)
+    result.hangs = hangs
+    return result
+
+
+def _analyze_traces(paths: list[Path], steps: set[int] | None, scheduler: str | None,
+                    workers: int | None) -> AnalysisResult:
     err = Console(stderr=True, soft_wrap=True)
     executor = open_executor(scheduler, workers)
     with executor or nullcontext(), Progress(

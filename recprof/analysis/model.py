@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from recprof.hang.model import HangDiagnosis
 from recprof.trace.vocabulary import UNKNOWN_PURPOSE
 from recprof.version import __version__
 
@@ -768,6 +769,9 @@ class AnalysisResult:
     errors: list[str] = field(default_factory=list)
     schema: str = SCHEMA
     recprof_version: str = __version__
+    #: Hung (or failed) collectives diagnosed from a capture's `hang/` folders or flight
+    #: recorder files (recprof/hang, schema recprof.hang/1); [] otherwise.
+    hangs: list[HangDiagnosis] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self),

@@ -13,6 +13,7 @@ This module wires the pieces and records how the rank ends; each piece has one j
 - `profiler_window`: torch.profiler from the first step to the trace file;
 - `rank_meta`: the rank's metadata file;
 - `rank_voice`: progress events and warnings;
+- `hang_responder`: the rank's dumps when the launcher finds the job hung;
 - `torchrun_record` (in torchrun's process, not a rank's): the ranks torchrun saw fail.
 """
 
@@ -29,12 +30,14 @@ import os
 import signal
 import socket
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
 from recprof.capture import issue_log, torchrun_record
+from recprof.capture.hang_responder import HangResponder, install_child_stacks
 from recprof.capture.profiler_window import ProfilerWindow
 from recprof.capture.rank_meta import RankMeta
 from recprof.capture.rank_voice import RankVoice
@@ -61,6 +64,8 @@ def activate() -> None:
         torchrun_record.one_line_on_signal()
         return
     claim = _rank_of_this_process()
+    if claim is None and _is_child_of_a_rank():
+        install_child_stacks()  # a spawned DataLoader worker: its stacks for a hang dump
     if claim is None or _capture is not None:
         return
     rank, provisional = claim
@@ -93,6 +98,14 @@ def _rank_of_this_process() -> tuple[int, bool] | None:
         # will start torchrun (which then takes the claim over for its ranks).
         return 0, True
     return None
+
+
+def _is_child_of_a_rank() -> bool:
+    """A process started by a capturing rank (its DataLoader or compile workers), while the
+    run answers hang requests."""
+    owner = os.environ.get(layout.ENV_OWNER)
+    return (bool(owner) and owner != str(os.getpid())
+            and os.environ.get(layout.ENV_HANG, "1") != "0")
 
 
 def _takes_over_from_a_launcher() -> bool:
@@ -142,6 +155,16 @@ def _torch_optimizer_exists() -> bool:
         return False
     optimizer = optim.Optimizer
     return any(issubclass(type(o), optimizer) for o in gc.get_objects())
+
+
+def _frames_of(tb: TracebackType | None) -> list[dict[str, Any]]:
+    """Where an uncaught exception was raised, innermost frame first (as the flight recorder
+    writes stacks): a rank's exit record names the line a failed collective was called from."""
+    frames = traceback.extract_tb(tb)[-_EXIT_FRAMES:]
+    return [{"filename": f.filename, "line": f.lineno, "name": f.name} for f in reversed(frames)]
+
+
+_EXIT_FRAMES = 30
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -202,6 +225,9 @@ class RankCapture:
         )
         self.window = ProfilerWindow(run_dir, host, schedule, self.meta, self.voice,
                                      charge_hook=self.clock.charge_hook)
+        self.issues: issue_log.IssueLog | None = None
+        self.hang = (HangResponder(run_dir, rank, self.clock.position, self._issued_tail)
+                     if os.environ.get(layout.ENV_HANG, "1") != "0" else None)
         self.closed = False
         self.exit: dict[str, Any] | None = None
         self.exit_code: int | None = None
@@ -218,6 +244,10 @@ class RankCapture:
         self.meta.write()
         self.voice.event(EventKind.STARTED, pid=os.getpid())
         self._record_fatal_signals()
+        if self.hang is not None:
+            self.hang.start()
+            # Forked children (DataLoader workers) can then be asked for their stacks too.
+            os.register_at_fork(after_in_child=install_child_stacks)
         atexit.register(self.close)
         self._wrap_exit_paths()
         if "torch" in sys.modules:
@@ -250,9 +280,13 @@ class RankCapture:
 
             self.window.watch(torch)
             self.clock.attach(register_optimizer_step_post_hook, register_module_forward_pre_hook)
-            issue_log.install(torch, self.run_dir, self.rank)
+            self.issues = issue_log.install(torch, self.run_dir, self.rank)
         except Exception as exc:  # never break the user's `import torch`
             self.voice.warn(f"capture disabled on this rank: {type(exc).__name__}: {exc}")
+
+    def _issued_tail(self) -> list[str]:
+        """The issue log's last lines (for a hang dump, read from the responder's thread)."""
+        return self.issues.recent() if self.issues is not None else []
 
     def _wrap_exit_paths(self) -> None:
         """Record how the rank ends: uncaught exception, sys.exit code, or SIGTERM (which
@@ -269,7 +303,7 @@ class RankCapture:
                 else ExitStatus.EXCEPTION
             )
             error = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
-            self.exit = {"status": status, "code": 1, "error": error}
+            self.exit = {"status": status, "code": 1, "error": error, "frames": _frames_of(tb)}
             previous_hook(kind, exc, tb)
 
         def exit_(code: object = None) -> None:

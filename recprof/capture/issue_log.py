@@ -15,19 +15,31 @@ describes and reads. A collective issued inside another (`all_gather_object`'s `
 is the outer one's. The cost is a Python wrapper and one
 write per collective call (a few microseconds). No torch import here: the hook passes torch in
 once the job has imported it.
+
+An all-to-all also notes what it sends to and expects from each member (its split sizes times
+the row's elements) and the line that called it: a disagreement there corrupts or hangs the job
+and no other record holds it. The last `TAIL_LINES` lines also stay in memory, counted on past
+the file's cap, so that a rank asked for its dumps in a hang (capture/hang_responder.py) can
+say what it issued last even after hours of training.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from recprof.runfolder.issue_log import MAX_ISSUES, log_path
+from recprof.runfolder.issue_log import MAX_ISSUES, SPLITS_MAX_RANKS, log_path
+
+#: Issue-log lines each rank keeps in memory for its hang dump.
+TAIL_LINES = 256
+_ALL_TO_ALL = ("all_to_all_single", "all_to_all")
 
 #: torch.distributed's collective and point-to-point functions, and where `group` sits among
 #: the positional arguments of each (torch 2.x signatures; a keyword `group` is read too).
@@ -60,6 +72,8 @@ class IssueLog:
         self._numbers: dict[str, int] = {}  # group -> collectives issued on it so far
         self._prefix: dict[tuple[str, str, str], str] = {}  # (group, op, thread) -> line start
         self._issued = 0
+        self._sizes: dict[str, int] = {}  # group -> members
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # the last lines, for a hang dump
         self._ranks: Callable[[Any], list[int]] | None = None
         self._name: Callable[[Any], str] | None = None
         self._default: Callable[[], Any] | None = None
@@ -80,13 +94,18 @@ class IssueLog:
             if getattr(torch.distributed, name, None) is original:
                 setattr(torch.distributed, name, wrapped)
 
+    def recent(self) -> list[str]:
+        """The last lines issued (a copy: another thread asks while this one may write)."""
+        with self._lock:
+            return list(self.tail)
+
     def _wrap(self, original: Callable[..., Any], op: str, position: int) -> Callable[..., Any]:
         log = self
 
         def collective(*args: Any, **kwargs: Any) -> Any:
             depth = getattr(log._local, "depth", 0)
             if depth == 0:
-                log._note(op, _group_of(args, kwargs, position))
+                log._note(op, _group_of(args, kwargs, position), args, kwargs)
             log._local.depth = depth + 1
             try:
                 return original(*args, **kwargs)
@@ -99,10 +118,12 @@ class IssueLog:
         collective.__wrapped__ = original  # type: ignore[attr-defined]
         return collective
 
-    def _note(self, op: str, group: Any) -> None:
+    def _note(self, op: str, group: Any, args: tuple[Any, ...] = (),
+              kwargs: dict[str, Any] | None = None) -> None:
         """Write one collective about to be issued (never raises into the job). A forked child
-        (a DataLoader worker) inherits the wrappers but is not the rank: it writes nothing."""
-        if os.getpid() != self.pid or self._issued > MAX_ISSUES:
+        (a DataLoader worker) inherits the wrappers but is not the rank: it writes nothing.
+        Past MAX_ISSUES the file gets no more lines; the count and the in-memory tail go on."""
+        if os.getpid() != self.pid:
             return
         try:
             pg = group if group is not None else self._default()  # type: ignore[misc]
@@ -112,23 +133,32 @@ class IssueLog:
         thread = threading.current_thread().name
         with self._lock:
             text = []
-            if self._issued == MAX_ISSUES:
-                text.append(json.dumps({"stopped_after": MAX_ISSUES}))
-            elif name not in self._numbers:
+            if name not in self._numbers:
                 try:
                     ranks = [int(r) for r in self._ranks(pg)]  # type: ignore[misc]
                 except Exception:
                     ranks = []
-                text.append(json.dumps({"group": name, "ranks": ranks}))
+                members = json.dumps({"group": name, "ranks": ranks})
+                self.tail.append(members)
+                text.append(members)
                 self._numbers[name] = 0
-            if self._issued < MAX_ISSUES:
-                key = (name, op, thread)
-                if key not in self._prefix:
-                    self._prefix[key] = json.dumps(
-                        {"group": name, "op": op, "thread": thread})[:-1] + ', "n": '
-                text.append(f"{self._prefix[key]}{self._numbers[name]}}}")
-                self._numbers[name] += 1
+                self._sizes[name] = len(ranks)
+            key = (name, op, thread)
+            if key not in self._prefix:
+                self._prefix[key] = json.dumps(
+                    {"group": name, "op": op, "thread": thread})[:-1] + ', "n": '
+            line = f"{self._prefix[key]}{self._numbers[name]}"
+            if op in _ALL_TO_ALL and 0 < self._sizes[name] <= SPLITS_MAX_RANKS:
+                line += _counts(op, args, kwargs or {}, self._sizes[name]) + _caller()
+            line += "}"
+            self.tail.append(line)
+            text.append(line)
+            self._numbers[name] += 1
             self._issued += 1
+            if self._issued == MAX_ISSUES + 1:
+                text = [json.dumps({"stopped_after": MAX_ISSUES})]
+            elif self._issued > MAX_ISSUES:
+                return
             self._write("\n".join(text) + "\n")
 
     def _write(self, text: str) -> None:
@@ -139,6 +169,57 @@ class IssueLog:
             os.write(self._fd, text.encode())
         except OSError:
             self._issued = MAX_ISSUES + 1  # a full or vanished run folder: stop, quietly
+
+
+def _counts(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], members: int) -> str:
+    """`, "send": [...], "recv": [...], "elem_bytes": N` for an all-to-all: the elements it
+    sends to and expects from each member (an even split where no sizes are given), or "" when
+    the call's arguments are not what torch documents (torch will say so itself)."""
+    try:
+        if op == "all_to_all_single":
+            out = args[0] if len(args) > 0 else kwargs["output"]
+            inp = args[1] if len(args) > 1 else kwargs["input"]
+            out_splits = args[2] if len(args) > 2 else kwargs.get("output_split_sizes")
+            in_splits = args[3] if len(args) > 3 else kwargs.get("input_split_sizes")
+            send = _per_member(inp, in_splits, members)
+            recv = _per_member(out, out_splits, members)
+            elem_bytes = inp.element_size()
+        else:  # all_to_all(output_tensor_list, input_tensor_list, ...)
+            outs = args[0] if len(args) > 0 else kwargs["output_tensor_list"]
+            ins = args[1] if len(args) > 1 else kwargs["input_tensor_list"]
+            send = [t.numel() for t in ins]
+            recv = [t.numel() for t in outs]
+            elem_bytes = ins[0].element_size() if len(ins) else 0
+    except Exception:
+        return ""
+    if send is None or recv is None:
+        return ""
+    return (f', "send": [{", ".join(map(str, send))}], "recv": [{", ".join(map(str, recv))}], '
+            f'"elem_bytes": {elem_bytes}')
+
+
+def _caller() -> str:
+    """`, "at": [file, line, function]` of the code that called the collective: frame 0 is
+    this function, 1 `_note`, 2 the wrapper, 3 its caller. A disagreement in counts can end
+    the job cleanly (gloo), with no stack left to say where the call was."""
+    try:
+        frame = sys._getframe(3)
+    except ValueError:
+        return ""
+    code = frame.f_code
+    return f', "at": {json.dumps([code.co_filename, frame.f_lineno, code.co_name])}'
+
+
+def _per_member(tensor: Any, splits: Sequence[int] | None, members: int) -> list[int] | None:
+    """Elements of `tensor` for each member: its split sizes (rows) times a row's elements,
+    or an even split of its first dimension."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row = tensor.numel() // rows if rows else 0
+    if splits is None or len(splits) == 0:
+        return [rows // members * row] * members
+    if not isinstance(splits, (list, tuple)):
+        return None  # a tensor of sizes: reading it would synchronise a device
+    return [int(s) * row for s in splits]
 
 
 def _group_of(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> Any:

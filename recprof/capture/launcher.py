@@ -22,6 +22,12 @@ INJECT_DIR = Path(__file__).resolve().parent / "inject"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _ESCALATION = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 _REAP_GRACE_S = 5.0
+#: torch's flight recorder: the ring buffer's size in entries, set in the job's environment for
+#: a hang dump unless the user chose one (torch 2.13 keeps 2,000 by default, older releases
+#: none). One entry per collective: 2,000 cover dozens of steps of a recsys trainer.
+FR_BUFFER_ENTRIES = 2000
+#: The variable that sets it, and the older name torch still honours.
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
 @dataclass
@@ -36,8 +42,10 @@ class JobResult:
     leftovers_killed: bool = False
 
 
-def job_env(run_dir: Path, schedule: layout.Schedule) -> dict[str, str]:
-    """The user's environment plus the hook folder on PYTHONPATH and the window settings."""
+def job_env(run_dir: Path, schedule: layout.Schedule, hang: bool = True) -> dict[str, str]:
+    """The user's environment plus the hook folder on PYTHONPATH, the window settings and
+    whether the ranks answer hang requests (`hang`); with `hang`, torch's flight recorder on
+    (`FR_BUFFER_ENTRIES`) unless the user set its size (0 included: then it stays off)."""
     env = dict(os.environ)
     env.pop(layout.ENV_OWNER, None)  # capture inside a captured job starts afresh
     previous = env.get("PYTHONPATH")
@@ -45,6 +53,9 @@ def job_env(run_dir: Path, schedule: layout.Schedule) -> dict[str, str]:
     env[layout.ENV_DIR] = str(run_dir.resolve())
     env.update(schedule.to_env())
     env[layout.ENV_LAUNCHER_PID] = str(os.getpid())
+    env[layout.ENV_HANG] = "1" if hang else "0"
+    if hang and not any(name in env for name in FR_BUFFER_VARS):
+        env[FR_BUFFER_VARS[0]] = str(FR_BUFFER_ENTRIES)
     return env
 
 

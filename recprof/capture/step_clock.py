@@ -128,6 +128,14 @@ class StepClock:
             self._set_source(StepSource.MANUAL)
         self._boundary()
 
+    def position(self) -> dict[str, float | int | None]:
+        """Where the clock stands, for a hang dump read from another thread: the step now
+        running, the steps logged and the seconds since the running step began."""
+        step = self.step
+        return {"step": step if step >= 0 else None, "steps_logged": self.steps_logged,
+                "seconds_in_step": round(time.perf_counter() - self._t_last, 3)
+                if step >= 0 else None}
+
     def charge_hook(self, seconds: float) -> None:
         """Capture's own time spent in the running step outside a boundary: it is the step's
         `hook_s` too, not the job's."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from recprof.hang.model import HangDiagnosis
 from recprof.runfolder import layout
 
 
@@ -24,24 +25,39 @@ class Outcome:
     note: str | None = None
 
 
-def analyze_and_report(run_dir: Path, console: Console) -> Outcome:
-    """Run `analyze_paths` on the run's traces, save the JSON, then `write_report`."""
+def report_hangs(run_dir: Path, hangs: list[HangDiagnosis]) -> Path | None:
+    """The run's report holding only its hang diagnoses (a run with no trace of its own: an
+    on-demand capture, or a job that hung before its window); None if it cannot be written."""
+    outcome = analyze_and_report(run_dir, Console(stderr=True, quiet=True), hangs)
+    return outcome.report
+
+
+def analyze_and_report(run_dir: Path, console: Console,
+                       hangs: list[HangDiagnosis] | None = None) -> Outcome:
+    """Run `analyze_paths` on the run's traces, save the JSON, then `write_report`; `hangs`
+    (the run's hang diagnoses) go into both, and make a report even without a trace."""
     traces_dir = run_dir / layout.TRACES
-    if not any(traces_dir.glob("*" + layout.TRACE_SUFFIX)):
+    traced = any(traces_dir.glob("*" + layout.TRACE_SUFFIX))
+    if not traced and not hangs:
         return Outcome(note="no trace was captured, so there is nothing to analyze")
     try:
         from recprof.analysis import analyze_paths
+        from recprof.analysis.model import AnalysisResult
         from recprof.whatif.findings import quote_all
     except ImportError as exc:
         return Outcome(note=f"analysis skipped: recprof.analysis is not importable ({exc})")
-    with console.status("analyzing the traces"):
-        try:
-            result = analyze_paths([traces_dir])
-        except Exception as exc:
-            return Outcome(
-                note=f"analysis failed: {type(exc).__name__}: {exc}; "
-                f"run `recprof analyze {traces_dir}` to see why"
-            )
+    if traced:
+        with console.status("analyzing the traces"):
+            try:
+                result = analyze_paths([traces_dir])
+            except Exception as exc:
+                return Outcome(
+                    note=f"analysis failed: {type(exc).__name__}: {exc}; "
+                    f"run `recprof analyze {traces_dir}` to see why"
+                )
+    else:
+        result = AnalysisResult(jobs=[], inputs=[str(run_dir)])
+    result.hangs = list(hangs or [])
     with console.status("predicting the findings' knobs (recprof whatif)"):
         quote_all(result)
     analysis = run_dir / layout.ANALYSIS

@@ -12,11 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from recprof import terminal
+from recprof.capture.hang_watch import HANG_FLOOR_S, HANG_STEP_MULTIPLE, HangPolicy
 from recprof.capture.launcher import job_env, run_job
 from recprof.capture.manifest import build_manifest, write_manifest
 from recprof.capture.progress import EventTail
 from recprof.errors import ExitCode, RecprofError
-from recprof.flows.after_capture import analyze_and_report
+from recprof.flows.after_capture import analyze_and_report, report_hangs
+from recprof.flows.hang import HangFlow, diagnose_after, saved_diagnoses
 from recprof.flows.windows import finish_windows, print_windows
 from recprof.runfolder import layout
 from recprof.runfolder.layout import ExitStatus, ProfilerStatus, RunStatus, Schedule, WindowStart
@@ -71,6 +73,23 @@ def capture(
     max_windows: Annotated[
         int, typer.Option(min=1, help="With --auto: slowdown windows per run at most.")
     ] = DEFAULT.max_windows,
+    hang_after: Annotated[
+        str, typer.Option("--hang-after", metavar="auto|SECONDS|off", help=(
+            "Call the job hung when no rank has finished a step (or issued a collective) for "
+            f"this long: then every rank's flight recorder, Python stacks and last steps go to "
+            f"RUN/hang/ with a diagnosis (which rank, collective, line). auto: max(--hang-floor, "
+            f"{HANG_STEP_MULTIPLE:g} x the median of the recent steps)."))
+    ] = layout.AUTO,
+    hang_floor: Annotated[
+        float, typer.Option("--hang-floor", min=0.1, metavar="SECONDS",
+                            help="With --hang-after auto: never call a job hung sooner.")
+    ] = HANG_FLOOR_S,
+    on_hang: Annotated[
+        str, typer.Option("--on-hang", metavar="wait|kill", help=(
+            "After the hang report: wait (the job goes on; its own timeouts end it) or kill "
+            "(end every process of the job; traces, step logs and windows written before the "
+            "hang are kept)."))
+    ] = "wait",
 ) -> None:
     """Run a training job with the profiler injected into every rank, then analyze it.
 
@@ -88,12 +107,18 @@ def capture(
     With --on-demand the ranks record nothing until `recprof trigger RUN` asks (or, with
     --auto, until the steps slow down), without restarting the job.
 
+    Example: recprof capture --hang-after 300 --on-hang kill -- torchrun ... train.py
+
+    A job that stops advancing (no rank finishes a step for --hang-after) is diagnosed while
+    it hangs: RUN/hang/report.txt names the rank, the collective and the line.
+
     Exits with the job's exit status, or 3 when the job exited 0 but no trace was captured
     (not with --on-demand: a run never triggered is one).
     """
     if not command:
         raise RecprofError("no command to run: recprof capture [OPTIONS] -- CMD ARGS...")
     _check_on_demand(on_demand, auto, wait)
+    policy = _hang_policy(hang_after, hang_floor, on_hang)
     schedule = Schedule(wait=_wait(wait), warmup=warmup, active=active, with_stack=with_stack,
                         max_wait=max_wait, on_demand=on_demand, auto_slowdown=auto,
                         max_windows=max_windows)
@@ -125,10 +150,16 @@ def capture(
     console.print(f"[bold cyan]recprof capture[/] into [bold]{escape(str(run_dir))}[/]: {when}")
 
     tail = EventTail(run_dir, console)
+    hang = HangFlow(run_dir, policy, console)
+
+    def tick() -> None:
+        tail.poll()
+        hang.tick()
+
     job = run_job(
         command,
-        job_env(run_dir, schedule),
-        on_tick=tail.poll,
+        job_env(run_dir, schedule, hang=not policy.off),
+        on_tick=tick,
         on_signal=lambda got, sent: console.print(
             f"[yellow]recprof: {got} received, sending {sent} to the job[/]"
         ),
@@ -136,15 +167,27 @@ def capture(
     tail.poll()
     layout.remove_empty_fatal_reports(run_dir)
     manifest = build_manifest(run_dir, command, schedule, job)
+    manifest["hang"] = hang.summary()
     _print_summary(console, manifest, write_manifest(run_dir, manifest))
+    interrupted = manifest.get("status") == RunStatus.INTERRUPTED
+    if not (hang.episodes or interrupted) and diagnose_after(
+            run_dir, console, failed=job.returncode != 0):
+        manifest["hang"] = {"episodes": [], "after_job": str(
+            layout.hang_dir(run_dir).relative_to(run_dir))}
+        write_manifest(run_dir, manifest)
+    hangs = saved_diagnoses(run_dir)
+    for diagnosis in hangs:  # again at the end, where the eye lands after the job
+        console.print(f"[bold red]{escape(diagnosis.headline[0])}[/]", soft_wrap=True)
 
     if on_demand:
         if not no_report:
             finish_windows(run_dir, manifest["windows"], console)
+            if hangs:
+                _note_report(console, manifest, report_hangs(run_dir, hangs))
         print_windows(console, run_dir, manifest["windows"], manifest["world_size"])
         write_manifest(run_dir, manifest)
     elif not no_report:
-        outcome = analyze_and_report(run_dir, console)
+        outcome = analyze_and_report(run_dir, console, hangs)
         if outcome.analysis:
             manifest["analysis"] = str(outcome.analysis.relative_to(run_dir))
         if outcome.report:
@@ -154,6 +197,34 @@ def capture(
             console.print(f"[yellow]recprof: {escape(outcome.note)}[/]")
         write_manifest(run_dir, manifest)
     raise typer.Exit(exit_status(console, manifest, job.returncode))
+
+
+def _note_report(console: Console, manifest: dict[str, Any], report: Path | None) -> None:
+    """The run-level report of an on-demand capture that hung (its hang section only)."""
+    if report is not None:
+        manifest["report"] = str(report.relative_to(report.parent))
+        console.print(f"[bold green]report:[/] {escape(str(report))}", soft_wrap=True)
+
+
+def _hang_policy(after: str, floor: float, on_hang: str) -> HangPolicy:
+    """`--hang-after`, `--hang-floor` and `--on-hang`, checked."""
+    if on_hang not in ("wait", "kill"):
+        raise RecprofError(f"--on-hang takes wait or kill, not {on_hang!r}")
+    kill = on_hang == "kill"
+    if after == "off":
+        if kill:
+            raise RecprofError("--on-hang kill needs the hang watch: drop --hang-after off")
+        return HangPolicy(off=True, floor_s=floor)
+    if after == layout.AUTO:
+        return HangPolicy(floor_s=floor, kill=kill)
+    try:
+        seconds = float(after)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise RecprofError(f"--hang-after takes auto, off or a number of seconds above 0, not "
+                           f"{after!r}")
+    return HangPolicy(after_s=seconds, floor_s=floor, kill=kill)
 
 
 def _check_on_demand(on_demand: bool, auto: float | None, wait: str) -> None:

@@ -22,6 +22,7 @@ from markupsafe import Markup
 
 from recprof.analysis.model import AnalysisResult
 from recprof.errors import RecprofError
+from recprof.report.hang_view import hang_part
 from recprof.report.safe import finite, script_json
 from recprof.report.sections import Part
 from recprof.report.view import job_part
@@ -106,23 +107,28 @@ def render_page(title: str, subtitle: str, parts: list[Part], cdn: bool = False)
 
 
 def render_report(result: AnalysisResult, cdn: bool = False, source: str = "") -> str:
-    """The bottleneck report's HTML text for every job in `result`."""
-    if not result.jobs:
+    """The bottleneck report's HTML text for every job in `result`, after its hang diagnoses
+    (a hang is what the reader must see first)."""
+    if not result.jobs and not result.hangs:
         detail = "; ".join(result.errors[:3]) or "no jobs found"
         raise RecprofError(f"{source or 'analysis'}: nothing to report ({detail})")
     titled = len(result.jobs) > 1
-    parts = [job_part(job, i, titled) for i, job in enumerate(result.jobs)]
-    ids = [job.id for job in result.jobs]
+    parts = [hang_part(hang, i) for i, hang in enumerate(result.hangs)]
+    parts += [job_part(job, i, titled) for i, job in enumerate(result.jobs)]
+    ids = [job.id for job in result.jobs] or ["hung job" if any(
+        h.kind == "hang" for h in result.hangs) else "failed job"]
     title = ", ".join(ids[:3]) + (f" (+{len(ids) - 3})" if len(ids) > 3 else "")
-    n = len(ids)
-    subtitle = (f"{n} job{'' if n == 1 else 's'} · from "
-                f"{source or ', '.join(result.inputs[:3])}")
+    n = len(result.jobs)
+    subtitle = (f"{n} job{'' if n == 1 else 's'}"
+                + (f", {len(result.hangs)} hang diagnos{'is' if len(result.hangs) == 1 else 'es'}"
+                   if result.hangs else "")
+                + f" · from {source or ', '.join(result.inputs[:3])}")
     return render_page(f"recprof bottleneck report · {title}", subtitle, parts, cdn)
 
 
 def default_report_path(result: AnalysisResult) -> Path:
     """`reports/<job id>.html`, the id reduced to a safe file name."""
-    ids = [job.id for job in result.jobs] or ["report"]
+    ids = [job.id for job in result.jobs] or ["hang"]
     stem = ids[0] if len(ids) == 1 else f"{ids[0]}-and-{len(ids) - 1}-more"
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "report"
     return DEFAULT_DIR / f"{stem[:120]}.html"

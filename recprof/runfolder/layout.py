@@ -37,6 +37,9 @@ ENV_OWNER = "RECPROF_CAPTURE_OWNER"
 # RANK: a Python launcher looks the same. A torchrun started under it takes the claim back
 # for its ranks (hook.py) and marks the owner superseded (`superseded_path`).
 ENV_PROVISIONAL_OWNER = "RECPROF_CAPTURE_PROVISIONAL_OWNER"
+# "1" starts each rank's hang responder (capture/hang_responder.py), which answers the
+# launcher's request for dumps when the job looks hung; "0" with `--hang-after off`.
+ENV_HANG = "RECPROF_CAPTURE_HANG"
 
 
 class Phase(enum.StrEnum):
@@ -368,6 +371,47 @@ def trigger_answer_path(run_dir: Path, trigger_id: str) -> Path:
 
 
 REQUEST_SUFFIX = ".request.json"
+
+
+HANG = "hang"
+HANG_REQUEST = "request.json"
+HANG_RAW = "raw"
+HANG_DIAGNOSIS = "diagnosis.json"
+HANG_TEXT = "report.txt"
+#: The files one rank writes into `hang_rank_dir` when asked (capture/hang_responder.py); the
+#: state file is written last and marks the answer complete.
+HANG_STATE = "state.json"
+HANG_FR_JSON = "fr.json"  # torch's flight recorder, `_dump_fr_trace_json()` (no stacks)
+HANG_FR_PICKLE = "fr.pickle"  # `_dump_fr_trace()`: the same entries with their Python stacks
+HANG_FR_NCCL = "fr_nccl.pickle"  # `_dump_nccl_trace()`, on builds with NCCL
+HANG_STACKS = "stacks.txt"  # faulthandler's text of every thread
+HANG_WORKERS = "workers.txt"  # the stacks of the rank's child processes (DataLoader workers)
+HANG_ISSUES = "issues_tail.jsonl"  # the rank's last issue-log lines, from its memory
+
+
+def hang_dir(run_dir: Path, episode: int = 1) -> Path:
+    """Where hang episode `episode` of a run is kept: `hang/` for the first, `hang-2/`, ...
+    for a job that advanced again and hung once more. Holds `raw/rank<R>/` (each rank's dumps),
+    `diagnosis.json` (recprof.hang/1) and `report.txt`."""
+    return run_dir / (HANG if episode == 1 else f"{HANG}-{episode}")
+
+
+def hang_dirs(run_dir: Path) -> list[Path]:
+    """The run's hang folders, first episode first."""
+    found = [p for p in run_dir.glob(f"{HANG}*") if p.is_dir()
+             and (p.name == HANG or re.fullmatch(rf"{HANG}-\d+", p.name))]
+    return sorted(found, key=lambda p: 1 if p.name == HANG else int(p.name.split("-")[1]))
+
+
+def hang_request_path(run_dir: Path) -> Path:
+    """The launcher asks the node's ranks for dumps by writing this file (`{"episode": N,
+    ...}`); every rank looks at it once a second."""
+    return run_dir / HANG / HANG_REQUEST
+
+
+def hang_rank_dir(run_dir: Path, episode: int, rank: int) -> Path:
+    """One rank's dumps of one hang episode."""
+    return hang_dir(run_dir, episode) / HANG_RAW / f"rank{rank}"
 
 
 def trace_name(rank: int, host: str) -> str:
