@@ -42,6 +42,7 @@ from recprof.capture.profiler_window import ProfilerWindow
 from recprof.capture.rank_meta import RankMeta
 from recprof.capture.rank_voice import RankVoice
 from recprof.capture.step_clock import StepClock
+from recprof.errors import ExitCode
 from recprof.runfolder import layout
 from recprof.runfolder.layout import EventKind, ExitStatus, Schedule
 
@@ -325,7 +326,12 @@ class RankCapture:
             self._withdraw()
             return
         self.window.close()
-        ended = self.exit or {"status": ExitStatus.COMPLETED, "code": self.exit_code or 0}
+        ended = self.exit or (
+            # a job that catches Ctrl-C and exits 130, as the shell's convention has it (the
+            # built-in trainer does), was interrupted all the same
+            {"status": ExitStatus.INTERRUPTED, "code": ExitCode.INTERRUPTED,
+             "error": "KeyboardInterrupt"} if self.exit_code == ExitCode.INTERRUPTED
+            else {"status": ExitStatus.COMPLETED, "code": self.exit_code or 0})
         self.clock.close()
         self.meta.record_exit(ended)
         self.voice.event(EventKind.EXIT, **ended)

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from recprof.errors import RecprofError
+from recprof.errors import ExitCode, RecprofError
 from recprof.nestpipe.config import load_config, validate
 
 
@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             # torchrun SIGTERMs the other ranks as soon as one exits: give rank 0 time to say why.
             time.sleep(2.0)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C (torchrun passes it on to every rank): one line per rank, not a traceback;
+        # metrics.jsonl already holds every step that finished
+        print(f"nestpipe rank {os.environ.get('RANK', '0')}: stopped by Ctrl-C", file=sys.stderr,
+              flush=True)
+        return ExitCode.INTERRUPTED
     return 0
 
 
