@@ -230,9 +230,9 @@ def write_recommendation(rec: Recommendation, out_dir: Path,
     with."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = write_config(rec.config, out_dir / "recommended.yaml")
-    if rec.recommended_trial == rec.baseline_trial and user_config is not None:
-        config_path = user_config.resolve()
-    rec.command = rec.command.replace("recommended.yaml", str(config_path))
+    to_run = (user_config.resolve() if rec.recommended_trial == rec.baseline_trial
+              and user_config is not None else config_path)
+    rec.command = rec.command.replace("recommended.yaml", str(to_run))
     summary_path = out_dir / "tuning_summary.json"
     payload = asdict(rec) | {"speedup": rec.speedup}
     if rec.confirmation is not None:

@@ -144,19 +144,28 @@ def _rank_table(job: JobAnalysis) -> Table:
                  Column("copies, other ms", True), Column("FLOP/step", True),
                  Column("MFU", True), Column("lookup GB/s", True)],
         rows=rows, css="gpu-use",
-        note=(f"Per rank over the analysed steps. Utilization: the time any kernel runs over "
-              f"the step; {unit} efficiency: each kernel's blocks per {unit} (its grid over the "
-              f"{unit} count), summed over concurrent kernels, capped at 1, weighted by time "
-              f"over the step; occupancy: Kineto's estimate per kernel, weighted by kernel time "
-              f"(all three with tb-profiler's definitions; estimates from the launch shape, not "
-              f"hardware counters). The busy time (step minus idle) is split like the "
-              f"breakdown, with the communication kernels' time split into waiting for peers "
-              f"(the blocking wait at matched collectives) and moving data; % of the step "
-              f"below. FLOP/step: executed FLOPs of matrix products, attention and convolution "
-              f"from the recorded shapes (recomputation counts); MFU holds them to the "
-              f"device's dense datasheet peak for their precision. Lookup GB/s: the bytes the "
-              f"embedding lookups' shapes say they move over their kernels' time, against the "
-              f"memory bandwidth. docs/analysis.md, GPU use."))
+        note=_rank_note(words, unit, any(r.sm is not None and r.sm.launch_args
+                                         for r in job.ranks)))
+
+
+def _rank_note(words: devices.DeviceFacts, unit: str, estimates: bool) -> str:
+    """The rank table's definitions, in the device's own words (`words.work`: "kernels",
+    "NPU tasks"); the efficiency and occupancy ones only where the trace has them."""
+    work = words.work
+    shape = (f" {unit} efficiency: each of the {work}' blocks per {unit} (its grid over the "
+             f"{unit} count), summed over concurrent {work}, capped at 1, weighted by time "
+             f"over the step; occupancy: Kineto's estimate per launch, weighted by its time "
+             f"(all three with tb-profiler's definitions; estimates from the launch shape, not "
+             f"hardware counters)." if estimates else "")
+    return (f"Per rank over the analysed steps. Utilization: the time any of its {work} runs "
+            f"over the step.{shape} The busy time (step minus idle) is split like the "
+            f"breakdown, with the communication {work}' time split into waiting for peers "
+            f"(the blocking wait at matched collectives) and moving data; % of the step "
+            f"below. FLOP/step: executed FLOPs of matrix products, attention and convolution "
+            f"from the recorded shapes (recomputation counts); MFU holds them to the "
+            f"device's dense datasheet peak for their precision. Lookup GB/s: the bytes the "
+            f"embedding lookups' shapes say they move over their {work}' time, against the "
+            f"memory bandwidth. Definitions: docs/analysis.md.")
 
 
 def _stage_row(name: str, stage: GpuUseStage, estimates: bool) -> list[Cell]:
@@ -186,7 +195,8 @@ def _stage_table(job: JobAnalysis, estimates: bool) -> Table | None:
     use = job.sm
     if use is None or not use.stages:
         return None
-    unit = devices.of_document(job.device_kind).compute_unit or "unit"
+    words = devices.of_document(job.device_kind)
+    unit, work = words.compute_unit or "unit", words.work
     columns = [Column("stage"), Column("utilization", True),
                *([Column(f"{unit} efficiency", True), Column("occupancy", True)]
                  if estimates else []),
@@ -194,7 +204,7 @@ def _stage_table(job: JobAnalysis, estimates: bool) -> Table | None:
                Column("FLOP/step", True), Column("MFU share", True),
                *([Column("small kernels ms/step", True)] if estimates else [])]
     share = (f"utilization and {unit} efficiency are its part of the rank's (stages overlap, so "
-             f"they need not add up), occupancy its kernels' own" if estimates else
+             f"they need not add up), occupancy its {work}' own" if estimates else
              "utilization is its part of the rank's (stages overlap, so they need not add up)")
     small = (f" Small kernels: its compute kernels with fewer blocks than the device has "
              f"{unit}s (under one block per {unit}), per step, and how much of the {unit}s "
@@ -203,7 +213,7 @@ def _stage_table(job: JobAnalysis, estimates: bool) -> Table | None:
         columns=columns,
         rows=[_stage_row(name, st, estimates) for name, st in use.stages.items()],
         css="gpu-stages", heading="By stage (mean over ranks)",
-        note=(f"Each stage's kernels over the whole step: {share}; MFU share is its FLOPs at "
+        note=(f"Each stage's {work} over the whole step: {share}; MFU share is its FLOPs at "
               f"the peak over the step (the shares add up to the MFU). Waiting: the rank's "
               f"blocking wait at matched collectives (no compute of its own under it) shared "
               f"out by its collectives' waits in each stage; the stages table's \"of it "
@@ -222,11 +232,10 @@ def gpu_use_section(job: JobAnalysis, anchor: str, figs: dict) -> Section | None
     estimates = any(r.sm is not None and r.sm.launch_args for r in job.ranks)
     if not estimates:
         blocks.append(Paragraph(
-            f"This trace does not carry the kernels' launch arguments (Kineto writes blocks per "
-            f"SM and the estimated occupancy for CUDA kernels only), so "
+            f"This trace does not carry the launch shapes of its {words.work}, so "
             f"{words.compute_unit or 'unit'} efficiency and occupancy are not in this trace; "
             f"utilization is.", css="note"))
-    info = figures.gpu_use_info(job, words.device)
+    info = figures.gpu_use_info(job, words)
     if info is not None:
         figs[f"{anchor}-gpu-use-bars"] = figures.plot_gpu_use(info)
         blocks.append(Plot(f"{anchor}-gpu-use-bars", heading="What each rank's busy time served",

@@ -50,7 +50,7 @@ def test_rocm_reads_not_in_this_trace(analysis_of: Callable[[str], AnalysisResul
     html = write_report(result, tmp_path / "mi300.html").read_text("utf-8")
     text = " ".join(_section(html, "gpu-use").split())
     assert "estimated CU efficiency not in this trace" in text
-    assert "does not carry the kernels' launch arguments" in text
+    assert "does not carry the launch shapes of its kernels" in text
     (row,) = re.findall(r"<tr>\s*<td[^>]*>0</td>(.*?)</tr>",
                         html.split('class="sortable gpu-use"')[1], re.S)[:1]
     cells = [htmllib.unescape(re.sub(r"<[^>]+>", "", c)).strip()

@@ -117,6 +117,7 @@ def test_a_knob_that_only_slows_is_not_recommended_keep_your_config(tmp_path: Pa
     assert written["dbp"] is False and {k: written[k] for k in base} == base
     # the next step is the user's own file, not the study's copy of it
     assert f"--config {settings.config.resolve()} " in rec.command
+    assert result.files["recommended"] == settings.out / "recommended.yaml"
     log = (tmp_path / "log.txt").read_text()
     printed = io.StringIO()
     print_summary(rec, Console(file=printed, width=400))

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 from recprof.analysis.model import JobAnalysis
 from recprof.report.figures.style import COLORS, Figure, layout, rank_label
+from recprof.trace.devices import DeviceFacts
 
 #: (part, legend label, colour key) in stacking order; with idle they add up to the step.
+#: ("compute {work}": the device's own word for its work, "kernels" or "NPU tasks")
 GPU_USE_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("compute_us", "compute kernels", "compute"),
+    ("compute_us", "compute {work}", "compute"),
     ("comm_moving_us", "communication moving data", "exposed_comm"),
     ("comm_waiting_us", "communication waiting for peers", "comm_wait"),
     ("copy_us", "copies and other (memsets)", "exposed_copy_h2d"),
@@ -30,10 +32,10 @@ class GpuUseInfo:
     parts: dict[str, list[float]]
     sm_efficiency: list[float | None]
     utilization: list[float]
-    device: str
+    words: DeviceFacts  # the device's words: its work ("kernels"), its compute unit ("SM")
 
 
-def gpu_use_info(job: JobAnalysis, device: str) -> GpuUseInfo | None:
+def gpu_use_info(job: JobAnalysis, words: DeviceFacts) -> GpuUseInfo | None:
     """The bars' data, or None where no rank has device use (a CPU run)."""
     ranks = sorted((r for r in job.ranks if r.sm is not None and r.sm.busy_split is not None),
                    key=lambda r: r.rank)
@@ -54,29 +56,31 @@ def gpu_use_info(job: JobAnalysis, device: str) -> GpuUseInfo | None:
         sm_efficiency=[100 * r.sm.sm_efficiency if r.sm and r.sm.sm_efficiency is not None
                        else None for r in ranks],
         utilization=[100 * r.sm.gpu_utilization if r.sm else 0.0 for r in ranks],
-        device=device)
+        words=words)
 
 
 def plot_gpu_use(info: GpuUseInfo) -> Figure:
     """Stacked horizontal bars in % of the step, one per rank, and a marker at each rank's
     estimated SM efficiency."""
     labels = [rank_label(r) for r in info.ranks]
+    work, unit = info.words.work, info.words.compute_unit or "unit"
     data = [{
-        "type": "bar", "orientation": "h", "name": name, "y": labels,
+        "type": "bar", "orientation": "h", "name": name.format(work=work), "y": labels,
         "x": [round(v, 2) for v in info.parts[key]], "marker": {"color": COLORS[color]},
-        "hovertemplate": f"%{{y}}<br>{name}: %{{x:.1f}}% of the step<extra></extra>",
+        "hovertemplate": (f"%{{y}}<br>{name.format(work=work)}: %{{x:.1f}}% of the step"
+                          "<extra></extra>"),
     } for key, name, color in GPU_USE_PARTS]
     marked = [(label, sm, util) for label, sm, util in
               zip(labels, info.sm_efficiency, info.utilization, strict=True) if sm is not None]
     if marked:
         data.append({
-            "type": "scatter", "mode": "markers", "name": "estimated SM efficiency",
+            "type": "scatter", "mode": "markers", "name": f"estimated {unit} efficiency",
             "y": [m[0] for m in marked], "x": [round(m[1], 2) for m in marked],
             "customdata": [[round(m[2], 1)] for m in marked],
             "marker": {"symbol": "diamond", "size": 11, "color": "#111",
                        "line": {"color": "#fff", "width": 1}},
-            "hovertemplate": (f"%{{y}}<br>estimated SM efficiency %{{x:.1f}}% (utilization "
-                              f"%{{customdata[0]}}%: {info.device} kernels running)"
+            "hovertemplate": (f"%{{y}}<br>estimated {unit} efficiency %{{x:.1f}}% "
+                              f"(utilization %{{customdata[0]}}%: {work} running)"
                               "<extra></extra>"),
         })
     height = min(max(300, 130 + 26 * len(info.ranks)), MAX_HEIGHT)
