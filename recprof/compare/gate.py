@@ -79,13 +79,18 @@ def regression_gate(first_us: list[float], last_us: list[float], threshold_pct: 
                    f"{threshold_pct:g}% (median step {slowdown:+.1f}%; {TEST} over {source}, "
                    f"{counts}, p = {p:.2g} < {ALPHA})")
     else:
-        reason = (f"p = {p:.2g} ≥ {ALPHA}" if can_reject(len(first_us), len(last_us))
-                  else f"p = {p:.2g}; too few steps to reach p < {ALPHA} at all")
+        reason = _not_rejected(p, len(first_us), len(last_us))
         verdict = (f"pass: {last_label} is not slower than {first_label} by more than "
                    f"{threshold_pct:g}% with confidence (median step {slowdown:+.1f}%; {TEST} "
                    f"over {source}, {counts}, {reason})")
     return GateResult(threshold_pct, TEST, source, len(first_us), len(last_us), med_a, med_b,
                       slowdown, p, ALPHA, failed, verdict)
+
+
+def _not_rejected(p: float, n_a: int, n_b: int) -> str:
+    """Why a gate passed: its p, or that so few steps can never reach the level."""
+    return (f"p = {p:.2g} ≥ {ALPHA}" if can_reject(n_a, n_b)
+            else f"p = {p:.2g}; too few steps to reach p < {ALPHA} at all")
 
 
 def can_reject(n_a: int, n_b: int, alpha: float = ALPHA) -> bool:
@@ -228,8 +233,7 @@ def efficiency_gate(first: list[float], last: list[float], threshold_pp: float, 
                 f"{threshold_pp:g} points ({change}; {TEST} over the per-step values, "
                 f"{counts}, p = {p:.2g} < {ALPHA})")
     else:
-        reason = (f"p = {p:.2g} ≥ {ALPHA}" if can_reject(len(first), len(last))
-                  else f"p = {p:.2g}; too few steps to reach p < {ALPHA} at all")
+        reason = _not_rejected(p, len(first), len(last))
         text = (f"pass: {last_label}'s {figure} is not lower than {first_label}'s by more than "
                 f"{threshold_pp:g} points with confidence ({change}; {TEST} over the per-step "
                 f"values, {counts}, {reason})")
