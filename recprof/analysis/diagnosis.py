@@ -921,7 +921,7 @@ def rule_busy_but_waiting(facts: JobFacts) -> Finding | None:
             + f", {_ms(r.comm_waiting_us)} of {_ms(r.busy_us)} busy per step waiting"
             for r in waiting),
         f"the waiting is the blocking wait at collectives matched across ranks: their "
-        f"{words.collectives} kernels run, occupying the {words.device}, until the last peer "
+        f"{words.collectives} {words.work} run, occupying the {words.device}, until the last peer "
         f"arrives",
     ]
     straggler = facts.straggler_rank is not None and late == [facts.straggler_rank]
@@ -941,7 +941,7 @@ def rule_busy_but_waiting(facts: JobFacts) -> Finding | None:
         title=f"{words.device}s busy but waiting for {who}",
         headline=(f"{_rank_words([r.rank for r in waiting])} read {100 * util:.0f}% "
                   f"{words.device} utilization{sm_words}, but {100 * waited:.0f}% of that busy "
-                  f"time is {words.collectives} kernels waiting for {who}: {_ms(each)} per "
+                  f"time is {words.collectives} {words.work} waiting for {who}: {_ms(each)} per "
                   f"step ({_pct(each, facts.step_us):.0f}% of the step)"),
         evidence=evidence,
         estimate=(f"if nobody waited, up to {_ms(cost)} per step (the waiting ranks' blocking "

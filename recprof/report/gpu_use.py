@@ -45,7 +45,7 @@ def _waiting_words(job: JobAnalysis) -> str:
         read += (f" and {units.fraction(sum(sm) / len(sm))} estimated "
                  f"{words.compute_unit or 'unit'} efficiency")
     return (f" {lead[0].upper()}{lead[1:]} read {read}: busy but waiting, "
-            f"{units.percent(wait, busy)} of their busy time is {words.collectives} kernels "
+            f"{units.percent(wait, busy)} of their busy time is {words.collectives} {words.work} "
             f"waiting for {late}.")
 
 
