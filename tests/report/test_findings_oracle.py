@@ -10,9 +10,9 @@ They part where a kernel starts within a rounding of a gap's end and on the laun
 median. The inputs are recorded files, so the numbers are the same on any machine. A wrong
 cause, or an estimate off by a factor (2x, or one cause counted twice), falls far outside it.
 
-Where the rule's number depends on what the oracle does not rebuild (the straggler's matching
-of collectives across ranks, HCCL's per-peer waits, the small-message bandwidths), the rule is
-not here: tests/report/test_diagnosis.py checks those on their traces.
+The rules whose number rests on collectives (the straggler's matching across ranks, HCCL's
+waits per peer, the small-message bandwidths, a gloo run's exposed dense communication) are
+checked the same way in tests/report/test_collective_findings_oracle.py.
 """
 
 from __future__ import annotations
