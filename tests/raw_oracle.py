@@ -609,7 +609,7 @@ def small_message_gains(ranks: dict[int, RankCalls]) -> dict[tuple[str, str], fl
     messages would win per step (docs/diagnosis.md):
 
     - each call is timed without its wait for a later rank where it was matched across ranks
-      (`caused_blocking_wait`'s matching); a call seen on one rank only counts as small only if
+      (`match_calls`); a call seen on one rank only counts as small only if
       it took at most 1 ms (else it likely waited);
     - small: below 1 MiB, at least 2 per step; their median bandwidth (bytes / time) under 25%
       of the 90th percentile the same kind reaches on messages at least 8x the small ones'
@@ -626,7 +626,7 @@ def small_message_gains(ranks: dict[int, RankCalls]) -> dict[tuple[str, str], fl
         for rank, c in calls.items():
             wait[rank, c.start] = min(max(last, c.start), c.end) - c.start
     n = len(ranks)
-    # (kind, group) -> [(bytes, GB/s, transfer us, matched)], each point weighted 1 / steps
+    # (kind, group) -> [(bytes, GB/s, transfer us, matched, rank)]
     points: dict[tuple[str, str], list[tuple[float, float, float, bool, int]]] = defaultdict(list)
     total: dict[tuple[str, str], float] = defaultdict(float)
     exposed: dict[tuple[str, str], float] = defaultdict(float)
