@@ -149,7 +149,8 @@ GIB = 1 << 30
 
 def _searched_study() -> tuple[optuna.Study, dict[int, dict[str, Any]]]:
     """A baseline; a faster fp16 trial whose quality loss is beyond the tolerance; a lossless
-    micro_batches=2 trial; its duplicate; an OOM crash; a faster trial above the memory limit."""
+    micro_batches=2 trial; its duplicate; an OOM crash; a faster trial above the memory limit;
+    a slower lossless micro_batches=4 trial."""
     study = _study()
     StudyRecord(memory_limit=2 * GIB,
                 pruned_knobs={"hsp_groups": "one node: no inter-node traffic to save"}
@@ -164,6 +165,7 @@ def _searched_study() -> tuple[optuna.Study, dict[int, dict[str, Any]]]:
         ({"micro_batches": 8}, None, None, None, TrialState.FAIL, Status.OOM, {}),
         ({"dbp": True}, 1300.0, 0.7500, 3.0, TrialState.COMPLETE, Status.OK,
          {"memory": 1.0}),
+        ({"micro_batches": 4}, 1100.0, 0.7500, 1.2, TrialState.COMPLETE, Status.OK, {}),
     ]
     inputs = {}
     for number, (change, value, auc, peak, state, status, constraints) in enumerate(trials):
@@ -198,7 +200,7 @@ def test_the_search_best_is_the_fastest_feasible_run_unconfirmed(tmp_path: Path)
     assert rec.verdict == (f"unconfirmed: the search's best, trial {best}, {ratio:.2f}x the "
                            "baseline in one run each; it may be noise (confirmation off or "
                            "nothing to confirm)")
-    assert rec.runs == 5  # the duplicate was not run
+    assert rec.runs == 6  # the duplicate was not run
     assert [f["trial"] for f in rec.failures] == [4]
     assert rec.config == {**BASE_CONFIG, **inputs[best]["knobs"]}
     assert (rec.peak_memory_bytes, rec.baseline_peak_memory_bytes) == (int(1.5 * GIB), GIB)
@@ -248,15 +250,19 @@ def _interval(base: list[float], cand: list[float], alpha: float) -> tuple[float
     return statistics.median(ratios), ratios[k - 1], ratios[-k], p
 
 
-def _confirmed_study(candidate: list[float], done: int | None = None) -> optuna.Study:
+def _confirmed_study(candidate: list[float], done: int | None = None,
+                     **more: list[float]) -> optuna.Study:
+    """The searched study confirmed: the baseline's runs BASE_RUNS, trial 2's `candidate`, and
+    `trial6=...` adds trial 6 as a second candidate (`done`: only that many runs so far)."""
     study, inputs = _searched_study()
-    keys = [knobs_key(inputs[n]["knobs"]) for n in (0, 2)]
-    plan = ConfirmPlan(baseline=0, candidates=[2], keys=keys,
-                       knobs=[inputs[0]["knobs"], inputs[2]["knobs"]], rounds=4)
+    trials = [0, 2, *(int(name.removeprefix("trial")) for name in more)]
+    keys = [knobs_key(inputs[n]["knobs"]) for n in trials]
+    plan = ConfirmPlan(baseline=0, candidates=trials[1:], keys=keys,
+                       knobs=[inputs[n]["knobs"] for n in trials], rounds=4)
     runs = []
-    for r, (b, c) in enumerate(zip(BASE_RUNS, candidate, strict=True), start=1):
-        runs += [ConfirmRun(keys[0], r, Status.OK, f"r{r}-0", b, 30, {"eval_auc": 0.75}),
-                 ConfirmRun(keys[1], r, Status.OK, f"r{r}-1", c, 30, {"eval_auc": 0.75})]
+    for r, values in enumerate(zip(BASE_RUNS, candidate, *more.values(), strict=True), start=1):
+        runs += [ConfirmRun(key, r, Status.OK, f"r{r}-{i}", v, 30, {"eval_auc": 0.75})
+                 for i, (key, v) in enumerate(zip(keys, values, strict=True))]
     StudyRecord(confirm_plan=plan, confirm_runs=runs[:done]).save(study)
     return study
 
@@ -294,6 +300,30 @@ def test_a_confirmed_config_is_recommended_with_its_interval(tmp_path: Path) -> 
     (cand,) = conf["candidates"]
     assert [cand["speedup"], cand["low"], cand["high"]] == pytest.approx([estimate, low, high],
                                                                          rel=1e-12)
+
+
+def test_the_confirmed_config_is_recommended_not_the_search_best(tmp_path: Path) -> None:
+    """Two candidates: the search's best (trial 2) stays within the noise on its confirm runs,
+    the slower search run (trial 6) beats the baseline on every one of its own."""
+    study = _confirmed_study(NO_FASTER_RUNS, trial6=FASTER_RUNS)
+    rec = recommend(study, BASE_CONFIG, LAUNCH, TOLERANCE)
+    assert rec is not None and rec.confirmation is not None
+    # Bonferroni over two candidates: each at 0.025, so two one-sided bounds make a 95% interval
+    faster = _interval(BASE_RUNS, FASTER_RUNS, 0.025)
+    slower = _interval(BASE_RUNS, NO_FASTER_RUNS, 0.025)
+    assert faster[3] < 0.025 <= slower[3]
+    assert (rec.best_trial, rec.decision, rec.recommended_trial) == (2, RECOMMEND, 6)
+    assert rec.config == BASE_CONFIG | {"micro_batches": 4}
+    interval = f"{faster[0]:.3f}x [{faster[1]:.3f}x, {faster[2]:.3f}x]"
+    assert rec.verdict == (f"recommended: trial 6 (N=4 M=1 q=fp32 k=1), {interval} the "
+                           f"baseline's samples/s (95% interval, 4 confirm runs each; the noise "
+                           f"here ±{_noise_pct():.1f}%)")
+    rows = confirm_rows(rec.confirmation)
+    assert [r[0] for r in rows] == ["baseline (trial 0)", "trial 6", "trial 2"]  # by speed-up
+    assert [r[4] for r in rows[1:]] == [
+        interval, f"{slower[0]:.3f}x [{slower[1]:.3f}x, {slower[2]:.3f}x]"]
+    files = write_recommendation(rec, tmp_path, None)
+    assert yaml.safe_load(files["recommended"].read_text())["micro_batches"] == 4
 
 
 def test_a_config_within_the_noise_keeps_the_users(tmp_path: Path) -> None:
