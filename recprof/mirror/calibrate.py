@@ -115,13 +115,24 @@ class Calibration:
             f"  at the job's widths the mirror's step was {first.step_us / 1e3:.2f} ms "
             f"({self.error(first):+.1%}) with {first.dense_us / 1e3:.2f} ms of dense time "
             f"against the job's dense stages {self.job_dense_us / 1e3:.2f} ms"
-            + ("; the job's widths kept (they are never shrunk: a mirror slower than its job "
-               "at the job's widths is slower by the trainer's own work)" if best is first else
-               f"; fitted, its dense time is {best.dense_us / 1e3:.2f} ms: the rest of the "
-               "job's step is work outside its dense layers that the trainer does not do, "
-               "carried by its dense layers"),
+            + self._outcome(best),
             f"  runs: {runs}",
         ]
+
+    def _outcome(self, best: Try) -> str:
+        """Why the widths kept are these: fitted, or the job's for the reason that holds (a
+        faster first run whose wider runs all missed by more is not "slower than its job")."""
+        first = self.tries[0]
+        if best is not first:
+            return (f"; fitted, its dense time is {best.dense_us / 1e3:.2f} ms: the rest of the "
+                    "job's step is work outside its dense layers that the trainer does not do, "
+                    "carried by its dense layers")
+        if abs(self.error(first)) <= TOLERANCE:
+            return f"; the job's widths kept: within {TOLERANCE:.0%} of the job's step"
+        if self.error(first) > 0:
+            return ("; the job's widths kept (they are never shrunk: a mirror slower than its "
+                    "job at the job's widths is slower by the trainer's own work)")
+        return "; the job's widths kept: every wider run missed the job's step by more"
 
 
 def calibration_ranks(world: int) -> int:
