@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +54,17 @@ def real_report(analysis_of: Callable[[str], AnalysisResult],
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def timesliced_sync_rendered(shared_gpu: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`recprof report` on recprof's capture of two ranks time-slicing an H100
+    (../shared/gpu/timesliced_sync), parsed (test_report_numbers.Rendered): written once, read
+    by the number checks and the timeline figure's."""
+    from test_report_numbers import _render
+
+    nodes = [shared_gpu / "timesliced_sync" / n for n in ("node0", "node1")]
+    return _render(nodes, tmp_path_factory.mktemp("timesliced_sync_report"))
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,9 @@ recprof.units: ms with 2 decimals (3 in the gaps table), shares with 1, sizes in
 bandwidths with 3 significant figures. Figures carry rounded values (plotly's JSON is kept
 small): within half of the last digit they keep.
 
-Not compared: the timeline figure (it merges thousands of events into bars, a computation of
-its own, tested in tests/report/test_report.py) and the prose.
+Not compared here: the timeline figure (it merges thousands of events into bars, a computation
+of its own, checked against the raw events in tests/report/test_timeline_figure.py) and the
+prose.
 """
 
 from __future__ import annotations
@@ -139,11 +140,8 @@ def _render(paths: list[Path], out: Path) -> Rendered:
 def rendered(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     if request.param == "gpu":
-        shared_gpu = request.getfixturevalue("shared_gpu")
-        paths = [shared_gpu / "timesliced_sync" / n for n in ("node0", "node1")]
-    else:
-        paths = [CPU_CAPTURE]
-    return _render(paths, tmp_path_factory.mktemp(f"numbers_{request.param}"))
+        return request.getfixturevalue("timesliced_sync_rendered")
+    return _render([CPU_CAPTURE], tmp_path_factory.mktemp("numbers_cpu"))
 
 
 # --- the formats, written out here --------------------------------------------------------------

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 import pytest
 from raw_oracle import gaps, merge
-from test_report_numbers import ROUNDED_MS, Rendered, _figure, _render
+from test_report_numbers import ROUNDED_MS, Rendered, _figure
 
 #: float64 at epoch microseconds (~1.8e15) is spaced 0.25 us; recprof and this test add the
 #: base at different points (see the module docstring).
@@ -143,10 +143,10 @@ def _lane_title(rank: RankEvents, stream: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def timeline(shared_gpu: Path, tmp_path_factory: pytest.TempPathFactory
+def timeline(shared_gpu: Path, timesliced_sync_rendered: Rendered
              ) -> tuple[Rendered, dict[int, RankEvents]]:
     nodes = [shared_gpu / "timesliced_sync" / n for n in ("node0", "node1")]
-    rendered = _render(nodes, tmp_path_factory.mktemp("timeline"))
+    rendered = timesliced_sync_rendered
     raw = {int(t.name.removeprefix("rank").split("_")[0]): _raw_rank(t)
            for node in nodes for t in sorted((node / "traces").glob("rank*.json.gz"))}
     return rendered, raw
