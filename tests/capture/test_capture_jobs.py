@@ -587,9 +587,13 @@ def test_abort_after_the_last_step_keeps_traces_and_says_why(
         assert profiler_steps(trace_events(out / rank["trace"])[1]) == [2, 3, 4]
         ended = rank["exit"]
         if (switch == "--abort-after-loop" and ended["status"] == "signal"
-                and ended.get("then") == "died by SIGABRT at exit"):
-            # Both ranks abort at once; torchrun may SIGTERM the second before its own abort.
-            # The manifest says so, in that order: a race of the job's, not of capture's.
+                and (ended.get("then") == "died by SIGABRT at exit"
+                     or ended.get("signal") == "SIGTERM")):
+            # Both ranks abort at once; torchrun may SIGTERM the second before its own abort,
+            # which then either still comes (after the exit handlers: "then died by SIGABRT")
+            # or never does (the handlers exit 143). The manifest says which, in that order:
+            # a race of the job's, not of capture's (seen once in 2 full runs here).
+            assert ended["signal"] == "SIGTERM" and ended["code"] == 143, ended
             continue
         assert ended["status"] == status and ended["signal"] == "SIGABRT", ended
         assert ended["code"] == 134 and rank["outcome"] == outcome

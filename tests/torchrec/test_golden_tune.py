@@ -7,6 +7,10 @@ Two things are set for the test and said here. The mirror's tables are fixed at 
 the search space file, which fixes them for the baseline too. A planted delay
 (tests/tuner/planted_delay) makes `qcomms=fp16` certain to help: every rank whose config lacks
 it sleeps 30 ms per step, so the answer is a recommendation, the case that has terms to say.
+
+This is also the suite's one real study whose confirmation must recommend (the "keep" case is
+tests/tuner/test_confirm_real.py): its oracles are the confirmation runs' own step logs and
+configs, read here, and the planted 30 ms the runs must show between baseline and candidate.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +28,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PLANTED = REPO / "tests" / "tuner" / "planted_delay"
+DELAY_S = 0.03
+WARMUP_STEPS = 6
 TORCHREC_FP16 = ("qcomms=fp16 -> EmbeddingBagCollectionSharder(qcomm_codecs_registry="
                  "get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.FP16, "
                  "backward_precision=CommType.FP16)))")
@@ -35,11 +42,11 @@ def test_tune_like_golden_answers_in_torchrecs_terms(golden_run: Path, tmp_path:
     space.write_text(yaml.safe_dump({"knobs": {
         "qcomms": ["fp32", "fp16"], "micro_batches": [1], "hsp_groups": [1], "reshape": [1],
         "dbp": [False], "clustering": [False], "num_embeddings": [20000], "steps": [30],
-        "warmup_steps": [6]}}))
+        "warmup_steps": [WARMUP_STEPS]}}))
     out = tmp_path / "tune"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "400",
            "PYTHONPATH": os.pathsep.join([str(PLANTED), os.environ.get("PYTHONPATH", "")]),
-           "RECPROF_TEST_DELAY": "0.03 qcomms=fp16"}
+           "RECPROF_TEST_DELAY": f"{DELAY_S} qcomms=fp16"}
     proc = subprocess.run(
         [sys.executable, "-m", "recprof", "tune", "--like", str(golden_run), "--space",
          str(space), "--trials", "2", "--capture", "off", "--quality-tolerance", "0.05",
@@ -49,6 +56,18 @@ def test_tune_like_golden_answers_in_torchrecs_terms(golden_run: Path, tmp_path:
 
     summary = json.loads((out / "tuning_summary.json").read_text())
     assert summary["decision"] == "recommend", summary["verdict"]
+    (chosen,) = summary["confirmation"]["candidates"]
+    assert chosen["knobs"]["qcomms"] == "fp16" and chosen["low"] > 1
+    assert summary["verdict"].startswith(f"recommended: trial {chosen['trial']} ")
+    assert summary["verdict"] in proc.stdout
+    # what separates them is the planted sleep: the baseline's median step is the candidate's
+    # plus about 30 ms (fp16's own codec cost and the machine's noise around it)
+    gap = statistics.median(_step_medians(out, 0)) - statistics.median(_step_medians(out, 1))
+    assert gap == pytest.approx(DELAY_S, abs=0.012)
+    # both ranks measured their peak memory in every run, confirm runs included
+    for run in summary["confirmation"]["runs"]:
+        assert [r["rank"] for r in run["memory"]["ranks"]] == [0, 1]
+    assert "peak mem / rank" in proc.stdout
     terms = summary["in_job_terms"]
     assert (terms["framework"], terms["device_kind"]) == ("torchrec", "cpu")
     lines = ["in TorchRec's terms (the job this study mirrors):", TORCHREC_FP16]
@@ -68,3 +87,13 @@ def test_tune_like_golden_answers_in_torchrecs_terms(golden_run: Path, tmp_path:
     assert recommended["sharding"] == mirror["sharding"] == "table"
     assert f"run the mirror:  torchrun --nproc_per_node 2 -m recprof.nestpipe --config " \
            f"{out.resolve() / 'recommended.yaml'}" in proc.stdout
+
+
+def _step_medians(out: Path, index: int) -> list[float]:
+    """Median step seconds (after warm-up) of each confirmation run of config `index`."""
+    medians = []
+    for folder in sorted((out / "confirm").glob(f"r*-{index}")):
+        steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        medians.append(statistics.median(s["wall_s"] for s in steps if s["step"] >= WARMUP_STEPS))
+    assert len(medians) == 4, f"expected 4 confirmation runs of config {index}: {medians}"
+    return medians
