@@ -37,7 +37,7 @@ lint:
 # them all).
 check: lint
 	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -x -m "not slow and not browser and not netns" \
-		--ignore=tests/trace/test_decoding_identity.py
+		--ignore=tests/trace/test_change_detector.py
 
 # TorchRec, pinned for CPU: the tests capture its golden DLRM (../shared/jobs), and
 # examples/torchrec_dlrm.py and the trainer-vs-TorchRec benchmarks use it (faiss-cpu: its two-tower

@@ -28,6 +28,7 @@ XDIST_GROUPS = {"golden": lambda item: "golden_run" in item.fixturenames,
                 "netns": lambda item: item.get_closest_marker("netns") is not None}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = next((name for name, member in XDIST_GROUPS.items() if member(item)),

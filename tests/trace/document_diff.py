@@ -15,7 +15,7 @@ exactly: keys, list lengths, strings, integers, booleans, nulls. Floats match wi
   `REL_TOL`. `ABS_TOL` (1e-9 us, a femtosecond) is a
   million times under that nanosecond, so it only absorbs cancellation noise around zero.
 
-tests/trace/test_decoding_identity.py shows both halves: a one-event change fails, one ulp on
+tests/trace/test_change_detector.py shows both halves: a one-event change fails, one ulp on
 every float passes.
 """
 

@@ -1,17 +1,24 @@
-"""Every real trace set reads exactly as it did before typed decoding (issue #18).
+"""Change detectors, not proof: every real trace set's analysis document stays as recorded
+until a change that means to move it regenerates it, reviewed.
 
-The references in tests/data/analysis_reference/ are the analysis documents
-(`recprof analyze PATHS --json`) that the generic orjson reader produced for every folder of
-../shared/traces that holds trace files, analysed together as one call; paths in them are
-relative to the shared trace root. A change to how traces are decoded must not move any of
-them: every key, list, string and integer equal, every float equal up to the last bits of
+The documents in tests/data/change_detector/ are recprof's own earlier output
+(`recprof analyze PATHS --json` on every folder of ../shared/traces that holds trace files,
+analysed together as one call; paths in them relative to the shared trace root). They were made
+when typed decoding replaced the generic orjson reader (issue #18) and have been regenerated
+since each time the analysis was meant to change. So they can only say that a number moved,
+never that a number is right: that is the oracles' work (docs/testing.md lists them: raw
+events, HTA, tb-profiler, Ascend's own analysis, the trainer's own counters).
+
+What they catch: a change meant to be neutral (decoding, refactors, speed-ups) that moves any
+number. Every key, list, string and integer equal, every float equal up to the last bits of
 floating-point arithmetic, which differ between CPUs (document_diff.py says why and how far;
 the two tests at the end show a one-event change fails and one ulp passes). Documents are
 stored with their object keys sorted: the order of `exposed_comm_us_per_step_by_kind` follows
 a `set` of kind names (analysis/collectives.py), which changes with the interpreter's hash seed.
-A change that is meant to move the analysis regenerates them, reviewed:
+A change that is meant to move the analysis regenerates them; review the difference before
+committing it:
 
-    python tests/trace/test_decoding_identity.py --regenerate
+    python tests/trace/test_change_detector.py --regenerate
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from document_diff import differences
 from recprof.analysis import analyze_paths
 from recprof.trace.reader import TRACE_SUFFIXES
 
-REFERENCES = Path(__file__).resolve().parent.parent / "data" / "analysis_reference"
+REFERENCES = Path(__file__).resolve().parent.parent / "data" / "change_detector"
 SHARED_TRACES = (Path(os.environ.get("RECPROF_SHARED", Path(__file__).resolve().parents[3]
                                      / "shared")) / "traces").resolve()
 
