@@ -24,8 +24,14 @@ demo: setup
 		-m recprof.nestpipe --config examples/configs/demo.yaml --out recprof-runs/demo/trainer
 
 # TorchRec too: the tests capture TorchRec's golden DLRM from ../shared/jobs.
+# Two pytest-xdist workers: a 2-rank job under torchrun keeps a 2-core machine only ~0.9 cores
+# busy on average (imports, rendezvous, timeouts waited out), so two workers finish the suite
+# in ~22 min here where one took ~38 (docs/testing.md, "The suite's time"). Tests that must
+# not run apart keep together (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs it in one
+# process.
+TEST_WORKERS ?= 2
 test: torchrec
-	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -ra
+	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 # ruff, then the layers contract (import-linter, pyproject.toml) and the import-circle check.
 lint:

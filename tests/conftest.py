@@ -23,16 +23,20 @@ SHARED_GPU = (Path(os.environ.get("RECPROF_SHARED", REPO_ROOT.parent / "shared")
 #: Tests that must share one pytest-xdist worker (`make test` runs the suite on two): the
 #: golden DLRM's capture takes ~15 GB for its two ranks, so it is made once, on one worker, and
 #: read by every test that needs it; the emulated nodes are network namespaces with fixed names.
-#: Any other test goes with its file, so that a module's fixtures are made once.
+#: The folders whose session fixtures several of their files read (compare's trainer runs,
+#: the report's analyses of real sets, nestpipe's runs) keep together for the same reason; any
+#: other test goes with its file, so that a module's fixtures are made once.
 XDIST_GROUPS = {"golden": lambda item: "golden_run" in item.fixturenames,
                 "netns": lambda item: item.get_closest_marker("netns") is not None}
+XDIST_FOLDERS = ("tests/compare/", "tests/report/", "tests/nestpipe/")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        path = item.nodeid.split("::")[0]
         group = next((name for name, member in XDIST_GROUPS.items() if member(item)),
-                     item.nodeid.split("::")[0])
+                     next((f for f in XDIST_FOLDERS if path.startswith(f)), path))
         item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from recprof.errors import ExitCode, RecprofError
 from tuner.trainer import Launch
@@ -168,8 +169,9 @@ def tune(
     if result.recommendation is not None:
         print_summary(result.recommendation, Console())
     for label, path in result.files.items():
-        console.print(f"{label}: {path}", highlight=False)
-    console.print(f"dashboard: optuna-dashboard {result.dashboard_arg}", highlight=False)
+        console.print(f"{label}: {escape(str(path))}", highlight=False, soft_wrap=True)
+    console.print(f"dashboard: optuna-dashboard {escape(result.dashboard_arg)}",
+                  highlight=False, soft_wrap=True)
     if result.interrupted:
         raise typer.Exit(ExitCode.INTERRUPTED)
 
@@ -208,12 +210,13 @@ def mirror_for_tuning(like: Path | list[Path], nproc_per_node: int | None, nnode
     config = out / "mirror.yaml"
     mirrors = f"job {job.id} ({named})"
     if config.is_file():  # a resumed study keeps the base config its trials ran on
-        console.print(f"mirror of {mirrors}: reusing {config} (delete it to mirror again)",
-                      highlight=False)
+        console.print(f"mirror of {escape(mirrors)}: reusing {escape(str(config))} (delete it "
+                      "to mirror again)", highlight=False, soft_wrap=True)
     else:
         mirrored = derive_with_status(job, console)
         calibrate_mirror(job, mirrored, 4, console)
         out.mkdir(parents=True, exist_ok=True)
         config.write_text(mirrored.to_yaml(named))
-        console.print(f"mirror of {mirrors}: {config}", highlight=False)
+        console.print(f"mirror of {escape(mirrors)}: {escape(str(config))}", highlight=False,
+                      soft_wrap=True)
     return Mirrored(config, nproc_per_node, name, out, mirrors, job.framework, job.device_kind)

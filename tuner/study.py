@@ -237,7 +237,7 @@ class Tuner:
             f"{', '.join(sorted(others))}): SQLite locks the whole file for each write, so "
             "workers wait on each other and can fail with 'database is locked'; for several "
             "workers use --storage journal:PATH or a PostgreSQL URL (docs/tuner.md)",
-            highlight=False,
+            highlight=False, soft_wrap=True,
         )
 
     def runs_done(self) -> int:
@@ -608,10 +608,10 @@ def run_tuning(settings: TuneSettings, console: Console | None = None) -> TuneOu
     tuner = Tuner(settings, console)
     outcome = TuneOutcome(tuner.study_name, tuner.storage.url, tuner.storage.dashboard_arg, runs=0)
     console.print(
-        f"study [bold]{tuner.study_name}[/] in {tuner.storage.url} "
+        f"study [bold]{escape(tuner.study_name)}[/] in {escape(tuner.storage.url)} "
         f"({tuner.runs_done()} runs so far; world {tuner.launch.world_size}; "
         f"capture {tuner.capture_mode})",
-        highlight=False,
+        highlight=False, soft_wrap=True,
     )
     with (
         _sigterm_as_interrupt(),
