@@ -454,19 +454,19 @@ def match_calls(ranks: dict[int, RankCalls]) -> dict[tuple[int, str, str, int], 
     return {k: v for k, v in by_key.items() if len(v) >= 2}
 
 
-def caused_blocking_wait(ranks: dict[int, RankCalls]) -> dict[int, float]:
-    """Per rank, the blocking wait its lateness causes the others per step, as the mean over the
-    other ranks (docs/analysis.md): at each matched call a rank arrives when its kernel starts
-    and waits until the last rank arrives (no later than its own end), then transfers; the
-    wait is blocking where the rank has neither compute nor a transfer of its own (transfer
-    wins over waiting where calls overlap), and a rank's waits are a union per step and late
-    rank."""
+def blocking_waits(ranks: dict[int, RankCalls]) -> dict[tuple[int, int], float]:
+    """(waiting rank, late rank) -> the blocking wait per step the late rank's lateness costs
+    the waiting one (docs/analysis.md): at each matched call a rank arrives when its kernel
+    starts and waits until the last rank arrives (no later than its own end), then transfers;
+    the wait is blocking where the rank has neither compute nor a transfer of its own
+    (transfer wins over waiting where calls overlap), and a rank's waits are a union per step
+    and late rank."""
     matched = match_calls(ranks)
     last_of = {}
     for key, calls in matched.items():
         # the last to arrive; on a tie the lowest rank, as recprof breaks it
         last_of[key] = max(calls, key=lambda r: (calls[r].start, -r))
-    caused = dict.fromkeys(ranks, 0.0)
+    waits_of: dict[tuple[int, int], float] = defaultdict(float)
     n_steps = max(rc.steps for rc in ranks.values())
     for rank, rc in ranks.items():
         mine = [(key, calls[rank]) for key, calls in matched.items() if rank in calls]
@@ -485,7 +485,16 @@ def caused_blocking_wait(ranks: dict[int, RankCalls]) -> dict[int, float]:
             union = merge(starts, ends)
             lo = float(union[0][0]) if len(union[0]) else 0.0
             hi = float(union[1][-1]) if len(union[1]) else 0.0
-            caused[late] += minus(union, busy, lo, hi) / (len(ranks) - 1) / n_steps
+            waits_of[rank, late] += minus(union, busy, lo, hi) / n_steps
+    return dict(waits_of)
+
+
+def caused_blocking_wait(ranks: dict[int, RankCalls]) -> dict[int, float]:
+    """Per rank, the blocking wait its lateness causes the others per step, as the mean over the
+    other ranks (docs/analysis.md)."""
+    caused = dict.fromkeys(ranks, 0.0)
+    for (_, late), wait in blocking_waits(ranks).items():
+        caused[late] += wait / (len(ranks) - 1)
     return caused
 
 

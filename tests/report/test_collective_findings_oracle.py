@@ -6,6 +6,9 @@ fires, by the rule's documented definition (docs/diagnosis.md, docs/analysis.md,
   step, over NCCL kernels matched across ranks by (step of the launch, process group, kind,
   n-th by launch) - TorchRec's `sst_long_a2a_optimizer` (4 ranks, rank 2 late by ~1 s a step)
   and recprof's own H100 capture of two ranks under MPS (`gpu/mps_sync`, rank 1);
+- busy_but_waiting: the blocking wait of the ranks other than those waited for (the
+  straggler, else the fewest ranks causing 80% of it), summed, over the job's ranks - sst and
+  astra-sim's `megatron-tp8` (8 ranks, no straggler: ranks 0 and 6);
 - late_peer: HCCL's own waits per link (a plane's Notify_Wait before its first transfer, by the
   peer it waits for), placed from the op's start, minus Ascend's own "Computing" spans -
   `ascend/level1` (ranks 0 and 1 wait for rank 5, whose trace is missing);
@@ -36,6 +39,7 @@ from pathlib import Path
 import pytest
 from raw_oracle import (
     RankCalls,
+    blocking_waits,
     caused_blocking_wait,
     gloo_comm,
     hccl_waits,
@@ -118,6 +122,43 @@ def test_matched_calls_run_together(job_of: Callable[[str], JobAnalysis],
         for r, c in calls.items():
             waited = min(max(calls[last].start, c.start), c.end) - c.start
             assert m.wait_us_by_rank[r] == pytest.approx(waited, rel=REL, abs=1e-6)
+
+
+MEGATRON = "astra-sim_megatron-tp8/megatron-tp8"
+
+
+@pytest.mark.parametrize(("trace_set", "waited_for"), [("sst", [2]), (MEGATRON, [0, 6])])
+def test_busy_but_waiting_from_raw_events(job_of: Callable[[str], JobAnalysis],
+                                          trace_set: str, waited_for: list[int]) -> None:
+    """GPUs busy but waiting: the ranks waited for are the straggler, else the fewest ranks
+    causing 80% of the blocking wait, both from the raw events (sst: rank 2; megatron-tp8,
+    no straggler: ranks 0 and 6, 94% of it); the finding's time is the other ranks' blocking
+    wait, summed, over the job's ranks. Which ranks read busy (utilization and SM efficiency)
+    is the GPU-use section's, checked against tb-profiler in tests/analysis/test_gpu_use.py:
+    here every other rank does (88-99%)."""
+    job = job_of(trace_set)
+    ranks = _calls(job)
+    caused = caused_blocking_wait(ranks)
+    by_cause = sorted(caused, key=lambda r: -caused[r])
+    if job.skew.straggler_rank is not None:
+        assert [job.skew.straggler_rank] == by_cause[:1] == waited_for
+    else:
+        share = [sum(caused[r] for r in by_cause[:k]) / sum(caused.values())
+                 for k in range(1, len(by_cause) + 1)]
+        fewest = next(k for k, s in enumerate(share, 1) if s >= 0.8)
+        assert sorted(by_cause[:fewest]) == waited_for
+    waiting = [r for r in ranks if r not in waited_for]
+    suffered = dict.fromkeys(ranks, 0.0)
+    for (waiter, _), wait in blocking_waits(ranks).items():
+        suffered[waiter] += wait
+    expected = sum(suffered[r] for r in waiting) / len(ranks)
+    found = {f.id: f for f in diagnose(job)}["busy_but_waiting"]
+    names = ", ".join(map(str, waiting[:-1])) + f" and {waiting[-1]}"
+    late = (f"rank {waited_for[0]}" if len(waited_for) == 1
+            else f"ranks {', '.join(map(str, waited_for[:-1]))} and {waited_for[-1]}")
+    assert found.headline.startswith(f"ranks {names} read ") and f"waiting for {late}" in \
+        found.headline, found.headline
+    assert found.recoverable_us_per_step == pytest.approx(expected, rel=REL)
 
 
 def test_late_peer_cost_from_raw_events(ascend_level1: Path) -> None:
