@@ -31,7 +31,7 @@ demo: setup
 # process.
 TEST_WORKERS ?= 2
 test: torchrec
-	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	RECPROF_SHARED=$(SHARED) $(PYTHON) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup -p no:benchmark
 
 # ruff, then the layers contract (import-linter, pyproject.toml) and the import-circle check.
 lint:

@@ -10,8 +10,9 @@ processes and, where an accelerator exists, pinned memory, as a real input pipel
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,21 +77,31 @@ class Batch:
 
     def slice(self, lo: int, hi: int) -> Batch:
         """Samples [lo, hi) of every feature, keeping the feature-major id layout."""
+        (part,) = self.slices([lo, hi])
+        return part
+
+    def slices(self, bounds: Sequence[int]) -> list[Batch]:
+        """Samples [bounds[i], bounds[i + 1]) of every feature for each i: one pass over the
+        bags' offsets for all the parts (a rank's share of a 128-rank job's global batch,
+        sliced 128 times, took as many passes over the whole batch)."""
         num_features = self.lengths.shape[0]
         flat = self.lengths.reshape(-1)
-        starts = torch.cumsum(flat, 0) - flat  # offset of each bag in ids
+        starts = (torch.cumsum(flat, 0) - flat).tolist()  # offset of each bag in ids
         width = self.lengths.shape[1]
-        pieces = []
-        for f in range(num_features):
-            begin = int(starts[f * width + lo]) if hi > lo else 0
-            count = int(self.lengths[f, lo:hi].sum())
-            pieces.append(self.ids[begin : begin + count])
-        return Batch(
-            dense=self.dense[lo:hi].contiguous(),
-            ids=torch.cat(pieces) if pieces else self.ids[:0],
-            lengths=self.lengths[:, lo:hi].contiguous(),
-            labels=self.labels[lo:hi].contiguous(),
-        )
+        parts = []
+        for lo, hi in itertools.pairwise(bounds):
+            pieces = []
+            for f in range(num_features):
+                begin = starts[f * width + lo] if hi > lo else 0
+                count = int(self.lengths[f, lo:hi].sum())
+                pieces.append(self.ids[begin : begin + count])
+            parts.append(Batch(
+                dense=self.dense[lo:hi].contiguous(),
+                ids=torch.cat(pieces) if pieces else self.ids[:0],
+                lengths=self.lengths[:, lo:hi].contiguous(),
+                labels=self.labels[lo:hi].contiguous(),
+            ))
+        return parts
 
 
 #: Everything random in the synthetic stream is a 32-bit hash of (batch, quantity, position).

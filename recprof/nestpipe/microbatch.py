@@ -17,8 +17,6 @@ smallest of its samples' anchors, and groups move whole.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from recprof.nestpipe.data import Batch
@@ -65,4 +63,4 @@ def split(
         return [batch]
     groups = batch.size // group
     bounds = [i * groups // parts * group for i in range(parts + 1)]
-    return [batch.slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
+    return batch.slices(bounds)

@@ -98,9 +98,9 @@ def traffic(cfg: TrainConfig, world: int, first_batch: int = 0) -> Traffic:
         batch = source.routing_batch(0, index)
         per = batch.size // world
         windows: Windows = {}
+        shares = batch.slices([r * per for r in range(world + 1)])
         for r in range(world):
-            micro = split(batch.slice(r * per, (r + 1) * per), n, cfg.clustering, rows, tables_of,
-                          cfg.sample_group)
+            micro = split(shares[r], n, cfg.clustering, rows, tables_of, cfg.sample_group)
             ids = [_feature_ids(mb) for mb in micro]
             windows[r] = {}
             for t in range(cfg.num_tables):
