@@ -26,7 +26,7 @@ demo: setup
 # TorchRec too: the tests capture TorchRec's golden DLRM from ../shared/jobs.
 # Two pytest-xdist workers: a 2-rank job under torchrun keeps a 2-core machine only ~0.9 cores
 # busy on average (imports, rendezvous, timeouts waited out), so two workers finish the suite
-# in ~22 min here where one took ~38 (docs/testing.md, "The suite's time"). Tests that must
+# in ~17 min here where one took ~38 (docs/testing.md, "The suite's time"). Tests that must
 # not run apart keep together (tests/conftest.py, XDIST_GROUPS). TEST_WORKERS=0 runs it in one
 # process.
 TEST_WORKERS ?= 2
