@@ -29,12 +29,14 @@ def main(out_dir: Path, protected: bool = True) -> None:
     grads = torch.randn(200_000)
     with profile(
         activities=[ProfilerActivity.CPU],
-        # 5 recorded steps: fewer cannot name a straggler among 2 ranks (analysis/skew.py)
-        schedule=schedule(wait=1, warmup=1, active=5, repeat=1),
+        # 8 recorded steps: 5 is the fewest that can name a straggler among 2 ranks, and then
+        # only if it leads all 5 (analysis/skew.py, the sign test); with 8 it may lose one
+        # step to a host stall of the other rank (seen once with the suite on two workers)
+        schedule=schedule(wait=1, warmup=1, active=8, repeat=1),
         on_trace_ready=tensorboard_trace_handler(str(out_dir)),
         record_shapes=True,
     ) as prof:
-        for _ in range(7):
+        for _ in range(10):
             x = torch.randn(512, 256)
             # Rank 1 computes 8x longer: rank 0 waits ~20 ms per step for it, a margin no
             # host stall of one step on this shared machine has reached (at 4x, ~10 ms, one
