@@ -84,17 +84,14 @@ class Batch:
         """Samples [bounds[i], bounds[i + 1]) of every feature for each i: one pass over the
         bags' offsets for all the parts (a rank's share of a 128-rank job's global batch,
         sliced 128 times, took as many passes over the whole batch)."""
-        num_features = self.lengths.shape[0]
-        flat = self.lengths.reshape(-1)
-        starts = (torch.cumsum(flat, 0) - flat).tolist()  # offset of each bag in ids
-        width = self.lengths.shape[1]
+        num_features, width = self.lengths.shape
+        # offsets[f * width + i]: where bag i of feature f starts in ids (one past the last bag
+        # included), so feature f's ids of samples [lo, hi) are offsets[.. + lo]:offsets[.. + hi]
+        offsets = [0, *torch.cumsum(self.lengths.reshape(-1), 0).tolist()]
         parts = []
         for lo, hi in itertools.pairwise(bounds):
-            pieces = []
-            for f in range(num_features):
-                begin = starts[f * width + lo] if hi > lo else 0
-                count = int(self.lengths[f, lo:hi].sum())
-                pieces.append(self.ids[begin : begin + count])
+            pieces = [self.ids[offsets[f * width + lo] : offsets[f * width + hi]]
+                      for f in range(num_features)]
             parts.append(Batch(
                 dense=self.dense[lo:hi].contiguous(),
                 ids=torch.cat(pieces) if pieces else self.ids[:0],
