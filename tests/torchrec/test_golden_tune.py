@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from confirm_runs import confirmation_step_medians
 
 REPO = Path(__file__).resolve().parents[2]
 PLANTED = REPO / "tests" / "tuner" / "planted_delay"
@@ -62,7 +63,9 @@ def test_tune_like_golden_answers_in_torchrecs_terms(golden_run: Path, tmp_path:
     assert summary["verdict"] in proc.stdout
     # what separates them is the planted sleep: the baseline's median step is the candidate's
     # plus about 30 ms (fp16's own codec cost and the machine's noise around it)
-    gap = statistics.median(_step_medians(out, 0)) - statistics.median(_step_medians(out, 1))
+    base, fp16 = (confirmation_step_medians(out, i, WARMUP_STEPS) for i in (0, 1))
+    assert len(base) == len(fp16) == 4, (base, fp16)  # the default 4 confirmation rounds
+    gap = statistics.median(base) - statistics.median(fp16)
     assert gap == pytest.approx(DELAY_S, abs=0.012)
     # both ranks measured their peak memory in every run, confirm runs included
     for run in summary["confirmation"]["runs"]:
@@ -87,13 +90,3 @@ def test_tune_like_golden_answers_in_torchrecs_terms(golden_run: Path, tmp_path:
     assert recommended["sharding"] == mirror["sharding"] == "table"
     assert f"run the mirror:  torchrun --nproc_per_node 2 -m recprof.nestpipe --config " \
            f"{out.resolve() / 'recommended.yaml'}" in proc.stdout
-
-
-def _step_medians(out: Path, index: int) -> list[float]:
-    """Median step seconds (after warm-up) of each confirmation run of config `index`."""
-    medians = []
-    for folder in sorted((out / "confirm").glob(f"r*-{index}")):
-        steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-        medians.append(statistics.median(s["wall_s"] for s in steps if s["step"] >= WARMUP_STEPS))
-    assert len(medians) == 4, f"expected 4 confirmation runs of config {index}: {medians}"
-    return medians

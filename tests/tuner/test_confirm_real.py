@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 import yaml
+from confirm_runs import confirmation_step_medians
 from tuner_helpers import write_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "configs" / "demo.yaml"
+WARMUP_STEPS = 6
 #: Every knob at the baseline except the one a test varies.
 FIXED = {"micro_batches": [1], "hsp_groups": [1], "qcomms": ["fp32"], "reshape": [1],
          "dbp": [False], "clustering": [False]}
@@ -33,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 def _tune(tmp_path: Path, knobs: dict[str, Any], env: dict[str, str], *extra: str
           ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    demo = yaml.safe_load(DEMO.read_text()) | {"steps": 30, "warmup_steps": 6}
+    demo = yaml.safe_load(DEMO.read_text()) | {"steps": 30, "warmup_steps": WARMUP_STEPS}
     config = write_yaml(tmp_path / "demo30.yaml", demo)
     space = write_yaml(tmp_path / "space.yaml", {"knobs": FIXED | knobs})
     out = tmp_path / "out"
@@ -47,15 +49,6 @@ def _tune(tmp_path: Path, knobs: dict[str, Any], env: dict[str, str], *extra: st
     return proc, out
 
 
-def _step_medians(out: Path, index: int) -> list[float]:
-    """Median step seconds (after warm-up) of each confirm run of config `index`."""
-    medians = []
-    for folder in sorted((out / "confirm").glob(f"r*-{index}")):
-        steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-        medians.append(statistics.median(s["wall_s"] for s in steps if s["step"] >= 6))
-    return medians
-
-
 def test_on_the_demo_a_knob_that_adds_work_leaves_your_config(tmp_path: Path) -> None:
     """The demo is bound by host overhead: four micro-batches issue four times the exchanges
     and dense passes for the same samples, so the confirmation must not recommend them."""
@@ -63,7 +56,7 @@ def test_on_the_demo_a_knob_that_adds_work_leaves_your_config(tmp_path: Path) ->
     summary = json.loads((out / "tuning_summary.json").read_text())
     conf = summary["confirmation"]
     assert summary["decision"] == "keep", summary["verdict"]
-    base_ms, cand_ms = _step_medians(out, 0), _step_medians(out, 1)
+    base_ms, cand_ms = (confirmation_step_medians(out, i, WARMUP_STEPS) for i in (0, 1))
     assert len(base_ms) == len(cand_ms) == 4
     assert statistics.median(cand_ms) > statistics.median(base_ms)  # the runs say: slower
     assert conf["candidates"][0]["knobs"]["micro_batches"] == 4
